@@ -1,0 +1,305 @@
+"""Window geometry: the one place that turns pooling arguments into shapes.
+
+Every module resolves its arguments here: integers or tuples into per-dim
+tuples, a padding spec into ``(low, high)`` pairs, and an input shape into the
+output shape, the padding actually applied, and the per-cell counts that the
+average divisors and the argmax bookkeeping need. All of it is static NumPy
+and Python arithmetic on shapes; nothing here touches a traced array.
+
+The rules are PyTorch's (``aten/src/ATen/native/Pool.h``) for explicit padding
+and lax/Flax's for ``"SAME"``:
+
+* effective window ``e = d * (k - 1) + 1``;
+* floor mode ``out = (L + lo + hi - e) // s + 1``;
+* ceil mode ``out = ceil((L + lo + hi - e) / s) + 1``, minus one when the last
+  window would start at or after ``L + lo`` (it must start inside the input or
+  the left padding);
+* ``"SAME"``: ``out = ceil(L / s)``, total padding
+  ``max((out - 1) * s + e - L, 0)``, split with the extra cell on the high side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Union
+
+import numpy as np
+
+PaddingLike = Union[str, int, Sequence[int], Sequence[tuple[int, int]]]
+# A resolved padding spec: "VALID", "SAME", or one (low, high) pair per dim.
+PaddingSpec = Union[str, tuple[tuple[int, int], ...]]
+
+_PADDING_FORMS = (
+    '"VALID" or "SAME" (any case), an int (both sides of every dim), '
+    "a tuple of ints (symmetric per dim), or a tuple of (low, high) pairs"
+)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...]:
+  """Returns ``value`` (an int or a sequence of ``ndim`` ints) as an ``ndim``-tuple.
+
+  Raises:
+    TypeError: ``value`` is neither an int nor a sequence of ints.
+    ValueError: wrong length, or an entry below ``minimum``.
+  """
+  if _is_int(value):
+    values = (int(value),) * ndim
+  elif isinstance(value, Sequence) and not isinstance(value, str):
+    if not all(_is_int(v) for v in value):
+      raise TypeError(f"`{name}` must be an int or a tuple of ints; got {value!r}.")
+    values = tuple(int(v) for v in value)
+    if len(values) != ndim:
+      raise ValueError(
+          f"`{name}` must have one entry per spatial dim ({ndim}); got {value!r} "
+          f"with {len(values)}."
+      )
+  else:
+    raise TypeError(f"`{name}` must be an int or a tuple of ints; got {value!r}.")
+  if any(v < minimum for v in values):
+    raise ValueError(f"`{name}` entries must be >= {minimum}; got {value!r}.")
+  return values
+
+
+def num_spatial_dims(window_shape) -> int:
+  """The number of spatial dims a window stands for: 1 for an int, else its length."""
+  if _is_int(window_shape):
+    return 1
+  if isinstance(window_shape, Sequence) and not isinstance(window_shape, str):
+    if not 1 <= len(window_shape) <= 3:
+      raise ValueError(
+          f"`window_shape` must have 1, 2 or 3 entries (one per spatial dim); "
+          f"got {window_shape!r}."
+      )
+    return len(window_shape)
+  raise TypeError(f"`window_shape` must be an int or a tuple of ints; got {window_shape!r}.")
+
+
+def parse_padding(padding: PaddingLike, ndim: int) -> PaddingSpec:
+  """Validates a padding argument and returns "VALID", "SAME" or (low, high) pairs."""
+  if isinstance(padding, str):
+    upper = padding.upper()
+    if upper not in ("VALID", "SAME"):
+      raise ValueError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
+    return upper
+  if _is_int(padding):
+    pairs = ((int(padding), int(padding)),) * ndim
+  elif isinstance(padding, Sequence):
+    if len(padding) != ndim:
+      raise ValueError(
+          f"`padding` must have one entry per spatial dim ({ndim}); got {padding!r}. "
+          f"Accepted: {_PADDING_FORMS}."
+      )
+    if all(_is_int(p) for p in padding):
+      pairs = tuple((int(p), int(p)) for p in padding)
+    elif all(
+        isinstance(p, Sequence) and len(p) == 2 and all(_is_int(q) for q in p) for p in padding
+    ):
+      pairs = tuple((int(lo), int(hi)) for lo, hi in padding)
+    else:
+      raise TypeError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
+  else:
+    raise TypeError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
+  if any(v < 0 for pair in pairs for v in pair):
+    raise ValueError(f"`padding` must be non-negative; got {padding!r}.")
+  return pairs
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+  """A validated window configuration: shape, strides, dilation, padding, ceil mode.
+
+  Strides default to the window (PyTorch, Keras and TF), not to 1 (Flax).
+  """
+
+  shape: tuple[int, ...]
+  strides: tuple[int, ...]
+  dilation: tuple[int, ...]
+  padding: PaddingSpec
+  ceil_mode: bool
+
+  @classmethod
+  def create(
+      cls, window_shape, strides=None, padding: PaddingLike = "VALID", *, dilation=1,
+      ceil_mode: bool = False,
+  ) -> Window:
+    ndim = num_spatial_dims(window_shape)
+    shape = as_tuple(window_shape, ndim, "window_shape")
+    strides = shape if strides is None else as_tuple(strides, ndim, "strides")
+    dilation = as_tuple(dilation, ndim, "dilation")
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+      raise TypeError(f"`ceil_mode` must be a bool; got {ceil_mode!r}.")
+    spec = parse_padding(padding, ndim)
+    if spec == "SAME" and ceil_mode:
+      raise ValueError(
+          '`ceil_mode=True` cannot be combined with padding="SAME": SAME already rounds '
+          "the output size up (out = ceil(L / stride)). Use ceil_mode=False."
+      )
+    if not isinstance(spec, str):
+      for dim, ((lo, hi), k, d) in enumerate(zip(spec, shape, dilation)):
+        half = (d * (k - 1) + 1) // 2
+        if lo > half or hi > half:
+          raise ValueError(
+              f"`padding` must be at most half the effective window on each side "
+              f"(dim {dim}: window {k}, dilation {d}, so at most {half}); got {padding!r}."
+          )
+    return cls(shape, strides, dilation, spec, bool(ceil_mode))
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def size(self) -> int:
+    """The number of taps in one window, ``prod(window_shape)``."""
+    return math.prod(self.shape)
+
+  def resolve(self, spatial_shape: Sequence[int]) -> Geometry:
+    """The geometry of this window over an input with ``spatial_shape``."""
+    return _resolve(self, tuple(int(n) for n in spatial_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class DimGeometry:
+  """One spatial dim of a window placed over an input of length ``length``."""
+
+  length: int
+  window: int
+  stride: int
+  dilation: int
+  pad_low: int
+  pad_high: int  # the padding the user asked for (resolved for SAME)
+  out: int
+
+  @property
+  def effective_window(self) -> int:
+    return self.dilation * (self.window - 1) + 1
+
+  @property
+  def applied_high(self) -> int:
+    """High-side padding the taps actually reach: covers ceil-mode overhang, never negative."""
+    reach = (self.out - 1) * self.stride + self.effective_window
+    return max(reach - self.length - self.pad_low, 0)
+
+  def tap_positions(self) -> np.ndarray:
+    """Input coordinate of every tap, shape ``(out, window)``; negative or >= L is padding."""
+    starts = np.arange(self.out) * self.stride - self.pad_low
+    return starts[:, None] + np.arange(self.window)[None, :] * self.dilation
+
+  def real_count(self) -> np.ndarray:
+    """Taps per output position that fall on real input cells."""
+    taps = self.tap_positions()
+    return ((taps >= 0) & (taps < self.length)).sum(axis=1)
+
+  def padded_count(self) -> np.ndarray:
+    """Taps inside ``[-pad_low, L + pad_high)``: PyTorch's count_include_pad divisor.
+
+    Explicit padding counts; the ceil-mode overhang past it does not.
+    """
+    taps = self.tap_positions()
+    return ((taps >= -self.pad_low) & (taps < self.length + self.pad_high)).sum(axis=1)
+
+  def first_real_tap(self) -> np.ndarray:
+    """Index of the first tap on a real cell, per output position."""
+    taps = self.tap_positions()
+    return np.argmax((taps >= 0) & (taps < self.length), axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+  """A window over a concrete input: per-dim geometry and the derived static arrays."""
+
+  dims: tuple[DimGeometry, ...]
+
+  @property
+  def out_shape(self) -> tuple[int, ...]:
+    return tuple(d.out for d in self.dims)
+
+  @property
+  def in_shape(self) -> tuple[int, ...]:
+    return tuple(d.length for d in self.dims)
+
+  @property
+  def window(self) -> tuple[int, ...]:
+    return tuple(d.window for d in self.dims)
+
+  @property
+  def pads(self) -> tuple[tuple[int, int], ...]:
+    """``(low, high)`` padding to apply before taking strided taps."""
+    return tuple((d.pad_low, d.applied_high) for d in self.dims)
+
+  def outer(self, per_dim: Sequence[np.ndarray]) -> np.ndarray:
+    """Combines per-dim vectors into an array of ``out_shape`` by outer product."""
+    result = np.ones((), dtype=np.int64)
+    for vec in per_dim:
+      result = np.multiply.outer(result, vec)
+    return result
+
+  def divisor(self, *, count_include_pad: bool) -> np.ndarray:
+    """The average-pool divisor per output position (PyTorch's rule), shape ``out_shape``."""
+    if count_include_pad:
+      return self.outer([d.padded_count() for d in self.dims])
+    return self.outer([d.real_count() for d in self.dims])
+
+  def first_real_offset(self) -> np.ndarray:
+    """Row-major window offset of each window's first real cell, shape ``out_shape``."""
+    offset = np.zeros((), dtype=np.int64)
+    for d in self.dims:
+      offset = np.add.outer(offset * d.window, d.first_real_tap())
+    return offset
+
+  @property
+  def needs_real_offset(self) -> bool:
+    """Whether some window starts on a padding cell."""
+    return bool(self.first_real_offset().any())
+
+
+def _out_size(length: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: bool) -> int:
+  span = length + lo + hi - (d * (k - 1) + 1)
+  if span < 0:
+    return 0
+  if not ceil_mode:
+    return span // s + 1
+  out = -(-span // s) + 1
+  if (out - 1) * s >= length + lo:
+    out -= 1
+  return out
+
+
+@functools.lru_cache(maxsize=512)
+def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
+  dims = []
+  for axis, (length, k, s, d) in enumerate(
+      zip(spatial_shape, window.shape, window.strides, window.dilation)
+  ):
+    e = d * (k - 1) + 1
+    if window.padding == "VALID":
+      lo = hi = 0
+    elif window.padding == "SAME":
+      out = -(-length // s)
+      total = max((out - 1) * s + e - length, 0)
+      lo, hi = total // 2, total - total // 2
+    else:
+      lo, hi = window.padding[axis]
+    out = _out_size(length, k, s, d, lo, hi, window.ceil_mode)
+    if out < 1:
+      raise ValueError(
+          f"Output size is too small: spatial dim {axis} of length {length} with "
+          f"window {k}, dilation {d} (effective {e}), stride {s} and padding ({lo}, {hi}) "
+          f"gives {out} outputs. The window must fit in the padded input."
+      )
+    dim = DimGeometry(length, k, s, d, lo, hi, out)
+    if not dim.real_count().all():
+      empty = int(np.argmin(dim.real_count()))
+      raise ValueError(
+          f"Window {empty} along spatial dim {axis} covers only padding (length {length}, "
+          f"window {k}, dilation {d}, padding ({lo}, {hi})). Reduce the padding or dilation."
+      )
+    dims.append(dim)
+  return Geometry(tuple(dims))

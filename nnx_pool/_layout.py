@@ -1,0 +1,107 @@
+"""Input checks shared by every module: rank, channels-last layout and dtype.
+
+Inputs are channels-last: ``(N, *spatial, C)``, or unbatched ``(*spatial, C)``.
+The number of spatial dims is always known from the module (its window, or an
+explicit argument), so a rank tells batched and unbatched apart without
+guessing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DtypeKind = Literal["float", "ordered"]
+
+
+def as_array(x, name: str = "inputs") -> jax.Array:
+  """Converts ``x`` to a JAX array, with a TypeError naming ``name`` if it cannot be."""
+  if isinstance(x, jax.Array):
+    return x
+  if isinstance(x, (np.ndarray, np.generic, list, tuple, float, int)):
+    return jnp.asarray(x)
+  raise TypeError(f"`{name}` must be an array; got {type(x).__name__}.")
+
+
+def check_dtype(x: jax.Array, kind: DtypeKind, module: str, name: str = "inputs") -> None:
+  """Refuses dtypes an operation has no meaning for.
+
+  ``"float"``: averages and norms, which need a floating dtype.
+  ``"ordered"``: max and min, which take floats and integers but not bool or complex.
+  """
+  dtype = x.dtype
+  if jnp.issubdtype(dtype, jnp.complexfloating):
+    raise TypeError(
+        f"{module}: `{name}` has complex dtype {dtype}, which has no order; "
+        "pool the real and imaginary parts separately."
+    )
+  if dtype == jnp.bool_:
+    raise TypeError(
+        f"{module}: `{name}` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."
+    )
+  if kind == "float" and not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(
+        f"{module}: `{name}` has dtype {dtype}, but this pooling needs a floating dtype; "
+        "cast it first, e.g. x.astype(jnp.float32)."
+    )
+
+
+def check_rank(x: jax.Array, num_spatial: int, module: str, name: str = "inputs") -> bool:
+  """Checks the rank against ``num_spatial`` and returns whether ``x`` is batched."""
+  batched, unbatched = num_spatial + 2, num_spatial + 1
+  if x.ndim not in (batched, unbatched):
+    raise ValueError(
+        f"{module}: `{name}` must be channels-last (N, *spatial, C) or (*spatial, C) with "
+        f"{num_spatial} spatial dim(s), so rank {batched} or {unbatched}; got shape "
+        f"{tuple(x.shape)} (rank {x.ndim})."
+    )
+  return x.ndim == batched
+
+
+def check_features(
+    x: jax.Array, in_features: int | None, batched: bool, module: str, name: str = "inputs"
+) -> None:
+  """Checks the channel axis (last) against ``in_features``, and names an NCHW mistake."""
+  if in_features is None or x.shape[-1] == in_features:
+    return
+  channel_first_axis = 1 if batched else 0
+  message = (
+      f"{module}: `{name}` must be channels-last with in_features={in_features} on the "
+      f"last axis; got shape {tuple(x.shape)}."
+  )
+  if x.shape[channel_first_axis] == in_features:
+    message += (
+        f" It looks channels-first (NCHW: {in_features} on axis {channel_first_axis}); "
+        f"use jnp.moveaxis(x, {channel_first_axis}, -1)."
+    )
+  raise ValueError(message)
+
+
+def check_in_features(in_features) -> int | None:
+  """Validates an optional ``in_features`` constructor argument."""
+  if in_features is None:
+    return None
+  if not isinstance(in_features, (int, np.integer)) or isinstance(in_features, bool):
+    raise TypeError(f"`in_features` must be a positive int or None; got {in_features!r}.")
+  if in_features < 1:
+    raise ValueError(f"`in_features` must be a positive int or None; got {in_features!r}.")
+  return int(in_features)
+
+
+def prepare(
+    x,
+    num_spatial: int,
+    *,
+    kind: DtypeKind,
+    module: str,
+    in_features: int | None = None,
+) -> tuple[jax.Array, bool]:
+  """Runs every input check and returns ``(x with a batch axis, was_batched)``."""
+  x = as_array(x)
+  check_dtype(x, kind, module)
+  batched = check_rank(x, num_spatial, module)
+  check_features(x, in_features, batched, module)
+  return (x if batched else x[None]), batched
