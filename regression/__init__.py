@@ -1,0 +1,1 @@
+"""The nnx-pool regression kit: a version-stamped regression batch and its baseline."""

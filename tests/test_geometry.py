@@ -1,0 +1,132 @@
+"""Tests for nnx_pool._geometry: output sizes, padding resolution and divisors."""
+
+import numpy as np
+import pytest
+
+from nnx_pool._geometry import Window, as_tuple, parse_padding
+
+
+def _out(length, k, s, padding=0, *, dilation=1, ceil_mode=False):
+  window = Window.create(k, s, padding, dilation=dilation, ceil_mode=ceil_mode)
+  return window.resolve((length,)).out_shape[0]
+
+
+@pytest.mark.parametrize(
+    "k, s, expected",
+    # seed 003 / SEMANTICS.md table: 4x4 input, no padding.
+    [(2, 2, 2), (3, 1, 2), (2, 1, 3), (4, 1, 1), (1, 1, 4), (3, 2, 1), (1, 3, 2)],
+)
+def test_geometry_output_size_seed_table(k, s, expected):
+  assert _out(4, k, s) == expected
+
+
+def test_geometry_ceil_mode_keeps_last_window_inside():
+  # PyTorch: L=10, k=1, s=2, ceil gives 5 (a 6th window would start at 10 = L + lo).
+  assert _out(10, 1, 2, ceil_mode=True) == 5
+  # 7x7, k2 s3 ceil: ceil((7 - 2) / 3) + 1 = 3, last start 6 < 7 (SEMANTICS.md vector).
+  assert _out(7, 2, 3, ceil_mode=True) == 3
+  assert _out(7, 2, 3) == 2
+  # L=5, k=2, s=2, pad 1: ceil((5 + 2 - 2) / 2) + 1 = 4, last start 6 >= 5 + 1 -> 3.
+  assert _out(5, 2, 2, 1, ceil_mode=True) == 3
+
+
+def test_geometry_same_padding_places_extra_on_high_side():
+  # lax/Flax: out = ceil(L / s), total = max((out - 1) * s + k - L, 0).
+  geom = Window.create((3, 2), (2, 1), "same").resolve((6, 5))
+  assert geom.out_shape == (3, 5)
+  # dim 0: total = 2 * 2 + 3 - 6 = 1 -> (0, 1); dim 1: total = 4 + 2 - 5 = 1 -> (0, 1).
+  assert [(d.pad_low, d.pad_high) for d in geom.dims] == [(0, 1), (0, 1)]
+  geom = Window.create(4, 1, "SAME").resolve((5,))
+  assert (geom.dims[0].pad_low, geom.dims[0].pad_high) == (1, 2)
+
+
+def test_geometry_divisors_follow_pytorch():
+  # AvgPool1d(k3, s1, p1) on L=5: including pads 3 everywhere; excluding [2, 3, 3, 3, 2].
+  geom = Window.create(3, 1, 1).resolve((5,))
+  np.testing.assert_array_equal(geom.divisor(count_include_pad=True), [3, 3, 3, 3, 3])
+  np.testing.assert_array_equal(geom.divisor(count_include_pad=False), [2, 3, 3, 3, 2])
+  # 7x7, k2 s3 ceil: the last window [6, 8) is clipped to [6, 7): divisor 1 per dim.
+  geom = Window.create((2, 2), 3, ceil_mode=True).resolve((7, 7))
+  np.testing.assert_array_equal(
+      geom.divisor(count_include_pad=True), [[4, 4, 2], [4, 4, 2], [2, 2, 1]]
+  )
+
+
+def test_geometry_first_real_offset_skips_left_padding():
+  # k3 s1 p1 over L=4: window 0 starts on padding, its first real tap is offset 1.
+  geom = Window.create((3, 3), 1, 1).resolve((4, 4))
+  first = geom.first_real_offset()
+  assert first[0, 0] == 1 * 3 + 1  # row-major offset of tap (1, 1)
+  assert first[0, 2] == 1 * 3 + 0
+  assert first[2, 0] == 0 * 3 + 1
+  assert first[1, 1] == 0
+
+
+def test_geometry_strides_default_to_window():
+  assert Window.create((2, 3)).strides == (2, 3)
+  assert Window.create((2, 3), 1).strides == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "value, error, match",
+    [
+        (0, ValueError, "must be >= 1"),
+        (-2, ValueError, "must be >= 1"),
+        ((2, 0), ValueError, "must be >= 1"),
+        (2.0, TypeError, "an int or a tuple of ints"),
+        ((2, 2, 2), ValueError, "one entry per spatial dim"),
+        ("2", TypeError, "an int or a tuple of ints"),
+    ],
+)
+def test_geometry_as_tuple_rejects(value, error, match):
+  with pytest.raises(error, match=match):
+    as_tuple(value, 2, "strides")
+
+
+@pytest.mark.parametrize(
+    "padding, error, match",
+    [
+        ("FULL", ValueError, "VALID"),
+        (-1, ValueError, "non-negative"),
+        ((1,), ValueError, "one entry per spatial dim"),
+        (((1, 2, 3), (0, 0)), TypeError, r"\(low, high\) pairs"),
+        (1.5, TypeError, "VALID"),
+        (None, TypeError, "VALID"),
+    ],
+)
+def test_geometry_parse_padding_rejects(padding, error, match):
+  with pytest.raises(error, match=match):
+    parse_padding(padding, 2)
+
+
+def test_geometry_parse_padding_forms():
+  assert parse_padding("valid", 2) == "VALID"
+  assert parse_padding("Same", 2) == "SAME"
+  assert parse_padding(1, 2) == ((1, 1), (1, 1))
+  assert parse_padding((1, 0), 2) == ((1, 1), (0, 0))
+  assert parse_padding(((0, 1), (1, 0)), 2) == ((0, 1), (1, 0))
+
+
+def test_geometry_rejects_padding_over_half_the_effective_window():
+  with pytest.raises(ValueError, match="at most half the effective window"):
+    Window.create((2, 2), 2, 2)
+  # Dilation widens the effective window: k3 d2 has e = 5, so padding 2 is allowed.
+  assert Window.create(3, 1, 2, dilation=2).resolve((6,)).out_shape == (6,)
+
+
+def test_geometry_rejects_window_larger_than_input():
+  # PyTorch: "Output size is too small"; Flax silently returns a zero-size array.
+  with pytest.raises(ValueError, match="Output size is too small"):
+    Window.create((5, 5)).resolve((4, 4))
+
+
+def test_geometry_rejects_windows_of_padding_only():
+  # k2 d3 (e = 4) with padding 2 over L = 2: window 0 has taps -2 and 1 (one real cell),
+  # window 1 has taps -1 and 2, both padding.
+  with pytest.raises(ValueError, match="covers only padding"):
+    Window.create(2, 1, 2, dilation=3).resolve((2,))
+
+
+def test_geometry_rejects_ceil_mode_with_same():
+  with pytest.raises(ValueError, match="SAME already rounds"):
+    Window.create(2, 2, "SAME", ceil_mode=True)

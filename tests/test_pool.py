@@ -1,0 +1,401 @@
+"""Tests for the window pooling modules (nnx_pool._pool) on explicit expected arrays.
+
+Expected arrays are written out next to their inputs; each comment names its
+source: a hand computation, a seed fixture, a test vector of SEMANTICS.md, or
+PyTorch 2.13 CPU. Parity sweeps live in test_pool_torch.py and
+test_pool_properties.py.
+"""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.test_util import check_grads
+
+from nnx_pool import AvgPool, LPPool, MaxPool, MinPool
+
+# seed 003: the 4x4 max-pool grid.
+GRID = np.array(
+    [[1, 2, 5, 6], [3, 4, 8, 7], [0, -1, -3, -2], [-4, 9, -6, -5]], dtype=np.float32
+)
+
+
+def nhwc(a):
+  """(H, W) -> (1, H, W, 1)."""
+  return jnp.asarray(a)[None, :, :, None]
+
+
+def plane(a):
+  """(1, H, W, 1) -> (H, W) as NumPy."""
+  return np.asarray(a)[0, :, :, 0]
+
+
+# --- explicit vectors ----------------------------------------------------------------
+
+
+def test_avgpool_seed004_arange16():
+  # seed 004: arange(16) as (1, 4, 4, 1), 2x2 stride 2 -> [2.5, 4.5, 10.5, 12.5].
+  y = AvgPool((2, 2))(jnp.arange(16.0).reshape(1, 4, 4, 1))
+  assert y.shape == (1, 2, 2, 1)
+  np.testing.assert_array_equal(plane(y), [[2.5, 4.5], [10.5, 12.5]])
+
+
+def test_maxpool_seed003_values_and_indices():
+  # seed 003: k2 s2 gives 4, 8, 9, -2 at flat indices 5, 6, 13, 11.
+  values, indices = MaxPool((2, 2), return_indices=True)(nhwc(GRID))
+  np.testing.assert_array_equal(plane(values), [[4, 8], [9, -2]])
+  np.testing.assert_array_equal(plane(indices), [[5, 6], [13, 11]])
+  assert indices.dtype == jnp.int32
+
+
+def test_maxpool_seed003_overlapping_windows():
+  # seed 003: k3 s1 gives 8, 8, 9, 9; the 8 at cell 6 is shared by two windows.
+  values, indices = MaxPool((3, 3), 1, return_indices=True)(nhwc(GRID))
+  np.testing.assert_array_equal(plane(values), [[8, 8], [9, 9]])
+  np.testing.assert_array_equal(plane(indices), [[6, 6], [13, 13]])
+
+
+def test_maxpool_seed003_gradient_lands_on_argmax():
+  # seed 003: output gradients 1, 2, 3, 4 land on cells 5, 6, 13, 11; 0 elsewhere.
+  cotangent = jnp.array([[1.0, 2.0], [3.0, 4.0]])[None, :, :, None]
+  grad = jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) * cotangent))(nhwc(GRID))
+  expected = np.zeros(16, np.float32)
+  expected[[5, 6, 13, 11]] = [1, 2, 3, 4]
+  np.testing.assert_array_equal(plane(grad), expected.reshape(4, 4))
+
+
+def test_maxpool_seed003_overlapping_gradient_accumulates():
+  # k3 s1: cell 6 wins windows (0, 0) and (0, 1), cell 13 wins (1, 0) and (1, 1).
+  cotangent = jnp.array([[1.0, 2.0], [3.0, 4.0]])[None, :, :, None]
+  grad = jax.grad(lambda x: jnp.sum(MaxPool((3, 3), 1)(x) * cotangent))(nhwc(GRID))
+  expected = np.zeros(16, np.float32)
+  expected[6], expected[13] = 1 + 2, 3 + 4
+  np.testing.assert_array_equal(plane(grad), expected.reshape(4, 4))
+
+
+@pytest.mark.parametrize(
+    "k, s, side",
+    # seed 003's output-side table on the 4x4 grid.
+    [(2, 2, 2), (3, 1, 2), (2, 1, 3), (4, 1, 1), (1, 1, 4), (3, 2, 1), (1, 3, 2)],
+)
+def test_maxpool_seed003_output_side_table(k, s, side):
+  assert MaxPool((k, k), s)(nhwc(GRID)).shape == (1, side, side, 1)
+
+
+def test_minpool_seed003_values_and_indices():
+  # Hand computation: k2 s2 minima 1, 5, -4, -6 at cells 0, 2, 12, 14.
+  values, indices = MinPool((2, 2), return_indices=True)(nhwc(GRID))
+  np.testing.assert_array_equal(plane(values), [[1, 5], [-4, -6]])
+  np.testing.assert_array_equal(plane(indices), [[0, 2], [12, 14]])
+
+
+def test_avgpool_flax_same_vectors_both_policies():
+  # SEMANTICS.md (Flax's own test): [[1, 2], [3, 4]], 2x2, stride 1, SAME.
+  x = nhwc([[1.0, 2.0], [3.0, 4.0]])
+  included = AvgPool((2, 2), 1, "SAME")(x)
+  excluded = AvgPool((2, 2), 1, "SAME", count_include_pad=False)(x)
+  np.testing.assert_array_equal(plane(included), [[2.5, 1.5], [1.75, 1.0]])
+  np.testing.assert_array_equal(plane(excluded), [[2.5, 3.0], [3.5, 4.0]])
+
+
+def test_avgpool_1d_padding_both_policies():
+  # SEMANTICS.md: AvgPool1d(k3, s1, p1) on [1..5].
+  x = jnp.arange(1.0, 6.0)[None, :, None]
+  np.testing.assert_allclose(AvgPool(3, 1, 1)(x)[0, :, 0], [1, 2, 3, 4, 3], rtol=1e-6)
+  np.testing.assert_allclose(
+      AvgPool(3, 1, 1, count_include_pad=False)(x)[0, :, 0], [1.5, 2, 3, 4, 4.5], rtol=1e-6
+  )
+
+
+def test_avgpool_ceil_mode_7x7():
+  # SEMANTICS.md: AvgPool2d(k2, s3, ceil) on arange(49).reshape(7, 7).
+  y = AvgPool((2, 2), 3, ceil_mode=True)(nhwc(np.arange(49.0).reshape(7, 7)))
+  np.testing.assert_array_equal(plane(y), [[4, 7, 9.5], [25, 28, 30.5], [42.5, 45.5, 48]])
+
+
+def test_avgpool_divisor_override():
+  # Hand computation: the four 2x2 sums of arange(16) are 10, 18, 42, 50; divided by 3.
+  y = AvgPool((2, 2), divisor_override=3)(jnp.arange(16.0).reshape(1, 4, 4, 1))
+  np.testing.assert_allclose(plane(y), np.array([[10, 18], [42, 50]]) / 3, rtol=1e-6)
+
+
+def test_maxpool_ties_first_maximum_wins():
+  # PyTorch: on ties the first maximum in row-major window order wins.
+  x = nhwc([[5.0, 5.0], [5.0, 5.0]])
+  values, indices = MaxPool((2, 2), return_indices=True)(x)
+  assert plane(indices).tolist() == [[0]]
+  grad = jax.grad(lambda x: MaxPool((2, 2))(x).sum())(x)
+  np.testing.assert_array_equal(plane(grad), [[1, 0], [0, 0]])
+  _, indices = MinPool((2, 2), return_indices=True)(nhwc([[7.0, 2.0], [2.0, 2.0]]))
+  assert plane(indices).tolist() == [[1]]
+
+
+def test_maxpool_nan_propagates_and_last_nan_wins():
+  # PyTorch 2.13 CPU: max_pool over [1, nan, 3, nan] gives nan at index 3 (it updates on
+  # `val > max || isnan(val)`), and the gradient goes to index 3.
+  x = jnp.array([1.0, np.nan, 3.0, np.nan])[None, :, None]
+  values, indices = MaxPool(4, return_indices=True)(x)
+  assert np.isnan(values[0, 0, 0]) and indices[0, 0, 0] == 3
+  grad = jax.grad(lambda x: MaxPool(4)(x).sum())(x)
+  np.testing.assert_array_equal(grad[0, :, 0], [0, 0, 0, 1])
+  values, indices = MinPool(2, return_indices=True)(x)
+  assert np.isnan(values[0, :, 0]).all()
+  np.testing.assert_array_equal(indices[0, :, 0], [1, 3])
+
+
+def test_maxpool_all_minus_inf_points_at_first_real_cell():
+  # PyTorch 2.13 CPU: max_pool1d(k3, s1, p1) over [-inf, -inf] -> values -inf, indices [0, 0].
+  x = jnp.full((1, 2, 1), -np.inf)
+  values, indices = MaxPool(3, 1, 1, return_indices=True)(x)
+  np.testing.assert_array_equal(values[0, :, 0], [-np.inf, -np.inf])
+  np.testing.assert_array_equal(indices[0, :, 0], [0, 0])
+
+
+def test_maxpool_int32_padding_uses_dtype_min():
+  # PyTorch 2.13 CPU, max_pool2d(k2, s1, p1, return_indices=True) on this int32 plane.
+  lo = np.iinfo(np.int32).min
+  x = nhwc(np.array([[lo, 5], [lo, lo]], np.int32))
+  values, indices = MaxPool((2, 2), 1, 1, return_indices=True)(x)
+  assert values.dtype == jnp.int32
+  np.testing.assert_array_equal(plane(values), [[lo, 5, 5], [lo, 5, 5], [lo, lo, lo]])
+  np.testing.assert_array_equal(plane(indices), [[0, 1, 1], [0, 1, 1], [2, 2, 3]])
+
+
+def test_minpool_int8_no_overflow():
+  # -max(-x) overflows int8 at -128; MinPool compares directly.
+  x = jnp.array([-128, 127, 3, -128], jnp.int8)[None, :, None]
+  values, indices = MinPool(2, return_indices=True)(x)
+  np.testing.assert_array_equal(values[0, :, 0], [-128, -128])
+  np.testing.assert_array_equal(indices[0, :, 0], [0, 3])
+
+
+def test_maxpool_dilation_and_gradient():
+  # Hand computation: k2 d2 s1 over [0, 5, 1, 4, 2]: windows {0,1}, {5,4}, {1,2} by cell.
+  x = jnp.array([0.0, 5.0, 1.0, 4.0, 2.0])[None, :, None]
+  values, indices = MaxPool(2, 1, dilation=2, return_indices=True)(x)
+  np.testing.assert_array_equal(values[0, :, 0], [1, 5, 2])
+  np.testing.assert_array_equal(indices[0, :, 0], [2, 1, 4])
+  grad = jax.grad(lambda x: jnp.sum(MaxPool(2, 1, dilation=2)(x) * jnp.arange(1.0, 4.0)[None, :, None]))(x)
+  np.testing.assert_array_equal(grad[0, :, 0], [0, 2, 1, 0, 3])
+
+
+def test_maxpool_gradient_drops_padding():
+  # Hand computation: k3 s1 p1 over [2, 1]: both windows pick cell 0; padding gets nothing.
+  x = jnp.array([2.0, 1.0])[None, :, None]
+  grad = jax.grad(lambda x: MaxPool(3, 1, 1)(x).sum())(x)
+  np.testing.assert_array_equal(grad[0, :, 0], [2, 0])
+
+
+def test_lppool_vectors():
+  # Hand computation: sqrt(9 + 16) = 5, sqrt(36 + 64) = 10.
+  np.testing.assert_allclose(LPPool(2, 2)(jnp.array([[3.0], [4.0], [6.0], [8.0]]))[:, 0], [5, 10])
+  # PyTorch 2.13 CPU: lp_pool1d([3, 4, 12], 2, 2, ceil_mode=True) = [5.0000, 16.9706]: the
+  # partial window (one cell) is scaled by k / 1 = 2, so sqrt(2 * 144).
+  y = LPPool(2, 2, ceil_mode=True)(jnp.array([3.0, 4.0, 12.0])[None, :, None])
+  np.testing.assert_allclose(y[0, :, 0], [5.0, np.sqrt(288.0)], rtol=1e-6)
+  # p = 1 is a plain window sum (no absolute value): 1 + -3 = -2.
+  np.testing.assert_allclose(LPPool(1, 2)(jnp.array([1.0, -3.0])[None, :, None])[0, :, 0], [-2.0])
+
+
+def test_pool_3d():
+  # Hand computation: arange(8) as a 2x2x2 cube, one 2x2x2 window: mean 3.5, max 7 at 7.
+  x = jnp.arange(8.0).reshape(1, 2, 2, 2, 1)
+  np.testing.assert_array_equal(AvgPool((2, 2, 2))(x).reshape(-1), [3.5])
+  values, indices = MaxPool((2, 2, 2), return_indices=True)(x)
+  assert values.shape == indices.shape == (1, 1, 1, 1, 1)
+  assert float(values.reshape(())) == 7.0 and int(indices.reshape(())) == 7
+
+
+# --- batching, jit, vmap and dtypes ----------------------------------------------------
+
+
+def test_pool_unbatched_equals_batched():
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 6, 5, 2)), jnp.float32)
+  for module in (AvgPool((2, 2), 1, 1), MaxPool((3, 2), (2, 1)), MinPool((2, 2)), LPPool(2, (2, 2))):
+    np.testing.assert_array_equal(module(x[1]), module(x)[1])
+  values, indices = MaxPool((2, 2), return_indices=True)(x[0])
+  assert values.shape == indices.shape == (3, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        AvgPool((3, 3), 2, 1, ceil_mode=True, count_include_pad=False),
+        MaxPool((3, 3), 2, ((1, 0), (0, 1)), dilation=(1, 2)),
+        MinPool((2, 2), 1, "SAME"),
+        LPPool(3, (2, 2), ceil_mode=True),
+    ],
+    ids=["avg", "max", "min", "lp"],
+)
+def test_pool_eager_equals_jit(module):
+  x = jnp.asarray(np.random.default_rng(1).uniform(0.5, 2.0, (2, 7, 6, 3)), jnp.float32)
+  eager = module(x)
+  jitted = nnx.jit(lambda m, x: m(x))(module, x)
+  np.testing.assert_allclose(jitted, eager, rtol=1e-6)
+  grad = jax.grad(lambda x: jnp.sum(module(x) ** 2))(x)
+  assert bool(jnp.isfinite(grad).all())
+
+
+def test_maxpool_vmap_matches_batch():
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((4, 6, 6, 2)), jnp.float32)
+  pool = MaxPool((3, 3), 2, 1, return_indices=True)
+  values, indices = jax.vmap(pool)(x)  # each example unbatched
+  ref_values, ref_indices = pool(x)
+  np.testing.assert_array_equal(values, ref_values)
+  np.testing.assert_array_equal(indices, ref_indices)
+  g = jax.vmap(jax.grad(lambda x: pool(x)[0].sum()))(x)
+  np.testing.assert_array_equal(g, jax.grad(lambda x: pool(x)[0].sum())(x))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8])
+def test_maxpool_dtypes_match_float32(dtype):
+  # Integer-valued inputs are exact in every dtype here, so max and min agree exactly.
+  x = np.random.default_rng(3).integers(-100, 100, (2, 5, 7, 3))
+  for cls in (MaxPool, MinPool):
+    pool = cls((3, 3), 2, 1, return_indices=True)
+    values, indices = pool(jnp.asarray(x, dtype))
+    ref_values, ref_indices = pool(jnp.asarray(x, jnp.float32))
+    assert values.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(values, np.float32), ref_values)
+    np.testing.assert_array_equal(indices, ref_indices)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(jnp.bfloat16, 1e-2), (jnp.float16, 1e-3)])
+def test_avgpool_low_precision_accumulates_in_float32(dtype, rtol):
+  x = np.random.default_rng(4).uniform(-1, 1, (2, 9, 9, 3)).astype(np.float32)
+  x_low = jnp.asarray(x, dtype)
+  y = AvgPool((3, 3), 1, 1, count_include_pad=False)(x_low)
+  assert y.dtype == dtype
+  ref = AvgPool((3, 3), 1, 1, count_include_pad=False)(jnp.asarray(x_low, jnp.float32))
+  np.testing.assert_allclose(np.asarray(y, np.float32), ref, rtol=rtol, atol=rtol)
+  grad = jax.grad(lambda x: jnp.sum(AvgPool((3, 3), 2, 1)(x).astype(jnp.float32)))(x_low)
+  assert grad.dtype == dtype and bool(jnp.isfinite(grad.astype(jnp.float32)).all())
+
+
+# --- equality with flax.nnx where the semantics coincide ----------------------------
+
+
+@pytest.mark.parametrize("padding", ["VALID", "SAME"])
+@pytest.mark.parametrize("window, strides", [((2, 2), (2, 2)), ((3, 3), (1, 1)), ((3, 2), (2, 1))])
+def test_pool_equals_flax(padding, window, strides):
+  x = jnp.asarray(np.random.default_rng(5).standard_normal((2, 7, 8, 3)), jnp.float32)
+  np.testing.assert_array_equal(
+      MaxPool(window, strides, padding)(x), nnx.max_pool(x, window, strides, padding)
+  )
+  np.testing.assert_array_equal(
+      MinPool(window, strides, padding)(x), nnx.min_pool(x, window, strides, padding)
+  )
+  for include in (True, False):
+    np.testing.assert_allclose(
+        AvgPool(window, strides, padding, count_include_pad=include)(x),
+        nnx.avg_pool(x, window, strides, padding, count_include_pad=include),
+        rtol=1e-6, atol=1e-6,
+    )
+
+
+# --- gradients -------------------------------------------------------------------------
+
+
+def test_avgpool_gradient_closed_form():
+  # The gradient of sum(avg) puts 1 / divisor on every cell of every window covering it.
+  # k3 s1 p1 over L=4 excluding pads: divisors [2, 3, 3, 2]; cell 0 is in windows 0, 1.
+  x = jnp.zeros((1, 4, 1))
+  grad = jax.grad(lambda x: AvgPool(3, 1, 1, count_include_pad=False)(x).sum())(x)
+  expected = [1 / 2 + 1 / 3, 1 / 2 + 1 / 3 + 1 / 3, 1 / 3 + 1 / 3 + 1 / 2, 1 / 3 + 1 / 2]
+  np.testing.assert_allclose(grad[0, :, 0], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [AvgPool((3, 3), 2, 1, ceil_mode=True), LPPool(2.5, (2, 2), 1, ceil_mode=True), LPPool(2, (3, 2))],
+    ids=["avg", "lp2.5", "lp2"],
+)
+def test_pool_gradient_matches_finite_differences(module):
+  x = jnp.asarray(np.random.default_rng(6).uniform(0.5, 2.0, (1, 5, 6, 2)), jnp.float32)
+  check_grads(module, (x,), order=1, modes=("fwd", "rev"), eps=1e-2, atol=1e-2, rtol=1e-2)
+
+
+def test_maxpool_second_order_is_zero_and_forward_mode_works():
+  # Max pooling is piecewise linear: the Hessian is zero; forward mode picks the argmax.
+  x = nhwc(GRID)
+  hessian = jax.hessian(lambda x: jnp.sum(MaxPool((2, 2), 1)(x) ** 1))(x)
+  np.testing.assert_array_equal(hessian, np.zeros((1, 4, 4, 1) * 2))
+  tangent = jnp.arange(16.0).reshape(1, 4, 4, 1)
+  _, t_out = jax.jvp(MaxPool((2, 2)), (x,), (tangent,))
+  np.testing.assert_array_equal(plane(t_out), [[5, 6], [13, 11]])
+  # Reverse over reverse: d/dx of the gradient of sum(y**2) is 2 at each argmax cell.
+  grad_of_grad = jax.grad(lambda x: jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) ** 2))(x).sum())(x)
+  expected = np.zeros(16, np.float32)
+  expected[[5, 6, 13, 11]] = 2
+  np.testing.assert_array_equal(plane(grad_of_grad), expected.reshape(4, 4))
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build, error, match",
+    [
+        (lambda: MaxPool(0), ValueError, "`window_shape` entries must be >= 1; got 0"),
+        (lambda: MaxPool((2, 2), (1, 0)), ValueError, r"`strides` entries must be >= 1; got \(1, 0\)"),
+        (lambda: MaxPool((2, 2), dilation=-1), ValueError, "`dilation` entries must be >= 1"),
+        (lambda: AvgPool((2, 2), padding="full"), ValueError, "`padding` must be"),
+        (lambda: AvgPool((2, 2), padding=[1, 1, 1]), ValueError, "one entry per spatial dim"),
+        (lambda: AvgPool((3, 3), 1, 2), ValueError, "at most half the effective window"),
+        (lambda: AvgPool((2, 2, 2, 2)), ValueError, "1, 2 or 3 entries"),
+        (lambda: AvgPool("2"), TypeError, "`window_shape` must be an int or a tuple"),
+        (lambda: AvgPool(2, divisor_override=0), ValueError, "`divisor_override` must be a positive"),
+        (lambda: AvgPool(2, count_include_pad=None), TypeError, "`count_include_pad` must be a bool"),
+        (lambda: MaxPool(2, return_indices="yes"), TypeError, "`return_indices` must be a bool"),
+        (lambda: LPPool(0, 2), ValueError, "`norm_type` must be a positive finite number"),
+        (lambda: LPPool(float("inf"), 2), ValueError, "`norm_type` must be a positive finite"),
+        (lambda: MaxPool(2, in_features=0), ValueError, "`in_features` must be a positive int"),
+    ],
+)
+def test_pool_bad_arguments_raise(build, error, match):
+  with pytest.raises(error, match=match):
+    build()
+
+
+@pytest.mark.parametrize(
+    "module, x, error, match",
+    [
+        (MaxPool((2, 2)), jnp.zeros((4, 4)), ValueError, r"rank 4 or 3; got shape \(4, 4\)"),
+        (MaxPool((2, 2)), jnp.zeros((1, 1, 4, 4, 1)), ValueError, "rank 4 or 3"),
+        (MaxPool((5, 5)), jnp.zeros((1, 4, 4, 1)), ValueError, "Output size is too small"),
+        (MaxPool((2, 2)), jnp.zeros((1, 4, 4, 1), jnp.complex64), TypeError, "complex"),
+        (MaxPool((2, 2)), jnp.zeros((1, 4, 4, 1), bool), TypeError, "dtype bool"),
+        (AvgPool((2, 2)), jnp.zeros((1, 4, 4, 1), jnp.int32), TypeError, "needs a floating dtype"),
+        (AvgPool((2, 2)), "image", TypeError, "`inputs` must be an array"),
+    ],
+)
+def test_pool_bad_inputs_raise(module, x, error, match):
+  with pytest.raises(error, match=match):
+    module(x)
+
+
+def test_pool_in_features_mismatch_names_nchw_and_the_fix():
+  pool = MaxPool((2, 2), in_features=3)
+  with pytest.raises(ValueError, match=r"channels-first \(NCHW.*jnp\.moveaxis\(x, 1, -1\)"):
+    pool(jnp.zeros((2, 3, 8, 8)))
+  with pytest.raises(ValueError, match=r"jnp\.moveaxis\(x, 0, -1\)"):
+    pool(jnp.zeros((3, 8, 8)))
+  with pytest.raises(ValueError, match="in_features=3 on the last axis; got shape") as info:
+    pool(jnp.zeros((2, 8, 8, 4)))
+  assert "NCHW" not in str(info.value)
+  assert pool(jnp.zeros((2, 8, 8, 3))).shape == (2, 4, 4, 3)
+
+
+def test_pool_checks_survive_python_O():
+  code = (
+      "from nnx_pool import MaxPool\n"
+      "try:\n    MaxPool(0)\nexcept ValueError as e:\n    print('ValueError:', e)\n"
+  )
+  result = subprocess.run(
+      [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True
+  )
+  assert "ValueError: `window_shape` entries must be >= 1" in result.stdout
