@@ -230,6 +230,11 @@ class Geometry:
     return tuple(d.window for d in self.dims)
 
   @property
+  def size(self) -> int:
+    """The number of taps in one window."""
+    return math.prod(self.window)
+
+  @property
   def pads(self) -> tuple[tuple[int, int], ...]:
     """``(low, high)`` padding to apply before taking strided taps."""
     return tuple((d.pad_low, d.applied_high) for d in self.dims)

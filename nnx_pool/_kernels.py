@@ -1,17 +1,25 @@
-"""Windowed reductions as sums and selects over strided taps.
+"""Windowed reductions as sums and selects over strided taps, with fast adjoints.
 
-A window of ``k`` taps is unrolled into ``k`` strided slices of the padded
-input, one per window offset, in row-major window order. XLA fuses the slices
-and the elementwise reduction over them into a single loop, so a pool reads its
-input once per tap from cache and writes each output once.
+Forward: a window of ``k`` taps is unrolled into ``k`` strided slices of the
+padded input, one per window offset in row-major window order. XLA fuses the
+slices and the elementwise reduction over them into one loop.
 
-The arg-extremum keeps, per output, the *window offset* of the winner. That is
-all the derivative needs: :func:`window_select` carries a ``jax.custom_jvp``
-whose tangent picks the winning tap of the input tangent. Reverse mode is the
-transpose of that linear map, a sum of strided pads, so a max-pool gradient is
-exact (it lands on the element the indices report), accumulates over
-overlapping windows, handles dilation, and never lowers to XLA's
-``select_and_scatter``.
+Backward: the adjoint of "gather every tap" is "scatter every output back to
+its taps". Written naively (the transpose of a strided slice is a pad with
+interior zeros) XLA materialises one input-sized array per tap. Instead
+:func:`_scatter` splits the input into stride phases: the cells ``p`` with
+``p % s == r`` receive from exactly the taps ``j`` with ``j * d % s == r``, each
+through a *unit-stride* shift of the cotangent. Every phase is one fused loop,
+and the phases interleave back by a stack and a reshape.
+
+Both reductions carry a ``jax.custom_jvp`` whose tangent map is the linear
+transpose of :func:`_scatter`; reverse mode transposes it back, so ``jax.grad``
+runs the phase scatter while ``jax.jvp``, ``jax.hessian`` and higher orders keep
+working. For max/min the scatter is masked by the winning window offset, so the
+gradient lands exactly on the element the indices report.
+
+The entry points are jitted with the geometry static, so eager calls run one
+compiled program per shape instead of one dispatch per tap.
 """
 
 from __future__ import annotations
@@ -69,12 +77,9 @@ def taps(xp: jax.Array, geom: Geometry) -> Iterator[jax.Array]:
     yield lax.slice(xp, start, limit, strides)
 
 
-def window_sum(x: jax.Array, geom: Geometry) -> jax.Array:
-  """Sum of every window (zero padding), shape ``(N, *geom.out_shape, C)``."""
-  total = None
-  for tap in taps(pad(x, geom, 0), geom):
-    total = tap if total is None else total + tap
-  return total
+def offset_dtype_for(geom: Geometry) -> jnp.dtype:
+  """int8 window offsets when they fit (less memory traffic for the backward), else int32."""
+  return jnp.dtype(jnp.int8 if geom.size <= 127 else jnp.int32)
 
 
 def _arg_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
@@ -87,6 +92,7 @@ def _arg_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, ja
   identity, so it never replaces anything.
   """
   better_than = lax.gt if kind == "max" else lax.lt
+  offset_dtype = offset_dtype_for(geom)
   floating = jnp.issubdtype(x.dtype, jnp.floating)
   best = arg = None
   for j, tap in enumerate(taps(pad(x, geom, identity(x.dtype, kind)), geom)):
@@ -94,7 +100,7 @@ def _arg_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, ja
       best = tap
       first = geom.first_real_offset() if geom.needs_real_offset else np.zeros((), np.int64)
       arg = jnp.broadcast_to(
-          jnp.asarray(first, jnp.int32).reshape((1, *first.shape, 1) if first.ndim else ()),
+          jnp.asarray(first, offset_dtype).reshape((1, *first.shape, 1) if first.ndim else ()),
           tap.shape,
       )
       continue
@@ -102,45 +108,147 @@ def _arg_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, ja
     if floating:
       better = better | jnp.isnan(tap)
     best = jnp.where(better, tap, best)
-    arg = jnp.where(better, jnp.int32(j), arg)
+    arg = jnp.where(better, jnp.asarray(j, offset_dtype), arg)
   return best, arg
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
-def window_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
-  """Max (min) of every window and the row-major window offset it came from.
+def _phases(geom: Geometry):
+  """Per dim: the phase count ``Q``, and per phase ``r`` the ``(tap, shift)`` pairs feeding it.
 
-  Differentiable in ``x`` in forward and reverse mode, to any order: the
-  derivative of each output is the derivative of its winning input element.
+  Padded position ``q * s + r`` is tap ``j`` of output ``q + shift`` when
+  ``(r - j * d) % s == 0``, with ``shift = (r - j * d) // s`` (never positive).
   """
+  result = []
+  for d in geom.dims:
+    padded = d.length + d.pad_low + d.applied_high
+    q = -(-padded // d.stride)
+    per_phase = [
+        [(j, (r - j * d.dilation) // d.stride)
+         for j in range(d.window) if (r - j * d.dilation) % d.stride == 0]
+        for r in range(d.stride)
+    ]
+    result.append((q, per_phase))
+  return result
+
+
+def _scatter(ct: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax.Array:
+  """Adjoint of the tap gather: adds each output's ``ct`` to the input cells of its taps.
+
+  With ``arg`` (window offsets), only the winning tap of each output receives.
+  Linear in ``ct``; returns an array of the input's shape ``(N, *in, C)``.
+  """
+  phases = _phases(geom)
+  n, c = ct.shape[0], ct.shape[-1]
+  # Pad the cotangent (and offsets, with -1 that matches no tap) so that every
+  # unit-stride shift below stays in range.
+  pads = []
+  for d, (q, per_phase) in zip(geom.dims, phases):
+    shifts = [shift for taps_ in per_phase for _, shift in taps_] or [0]
+    pads.append((max(0, -min(shifts)), max(0, q - 1 + max(shifts) - (d.out - 1))))
+  config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)]
+  ct = lax.pad(ct, jnp.zeros((), ct.dtype), config)
+  if arg is not None:
+    arg = lax.pad(arg, jnp.asarray(-1, arg.dtype), config)
+  block_shape = (n, *(q for q, _ in phases), c)
+  zero = jnp.zeros((), ct.dtype)
+
+  def phase_block(rs: tuple[int, ...]) -> jax.Array:
+    total = None
+    for combo in itertools.product(*(per_phase[r] for (_, per_phase), r in zip(phases, rs))):
+      offset = 0
+      start = [0]
+      for (j, shift), d, (lo, _) in zip(combo, geom.dims, pads):
+        offset = offset * d.window + j
+        start.append(lo + shift)
+      start.append(0)
+      limit = [a + b for a, b in zip(start, block_shape)]
+      term = lax.slice(ct, start, limit)
+      if arg is not None:
+        term = jnp.where(lax.slice(arg, start, limit) == offset, term, zero)
+      total = term if total is None else total + term
+    return jnp.zeros(block_shape, ct.dtype) if total is None else total
+
+  def interleave(prefix: tuple[int, ...]) -> jax.Array:
+    axis = len(prefix)
+    if axis == len(geom.dims):
+      return phase_block(prefix)
+    stride = geom.dims[axis].stride
+    if stride == 1:
+      return interleave((*prefix, 0))
+    stacked = jnp.stack([interleave((*prefix, r)) for r in range(stride)], axis=axis + 2)
+    shape = stacked.shape
+    return stacked.reshape(*shape[:axis + 1], shape[axis + 1] * stride, *shape[axis + 3:])
+
+  full = interleave(())
+  start = (0, *(d.pad_low for d in geom.dims), 0)
+  limit = (n, *(d.pad_low + d.length for d in geom.dims), c)
+  return lax.slice(full, start, limit)
+
+
+def _gather(t: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax.Array:
+  """The tangent map: the transpose of :func:`_scatter`, applied to an input tangent."""
+  out = jax.ShapeDtypeStruct((t.shape[0], *geom.out_shape, t.shape[-1]), t.dtype)
+  (t_out,) = jax.linear_transpose(lambda ct: _scatter(ct, geom, arg), out)(t)
+  return t_out
+
+
+def _sum_taps(x: jax.Array, geom: Geometry) -> jax.Array:
+  total = None
+  for tap in taps(pad(x, geom, 0), geom):
+    total = tap if total is None else total + tap
+  return total
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _window_sum(x: jax.Array, geom: Geometry) -> jax.Array:
+  return _sum_taps(x, geom)
+
+
+@_window_sum.defjvp
+def _window_sum_jvp(geom, primals, tangents):
+  (x,), (t,) = primals, tangents
+  return _sum_taps(x, geom), _gather(t, geom)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def window_sum(x: jax.Array, geom: Geometry) -> jax.Array:
+  """Sum of every window (zero padding), shape ``(N, *geom.out_shape, C)``."""
+  return _window_sum(x, geom)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _window_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
   return _arg_select(x, geom, kind)
 
 
-@window_select.defjvp
+@_window_select.defjvp
 def _window_select_jvp(geom, kind, primals, tangents):
   (x,), (t,) = primals, tangents
   values, arg = _arg_select(x, geom, kind)
-  t_out = None
-  for j, tap in enumerate(taps(pad(t, geom, 0), geom)):
-    picked = jnp.where(arg == j, tap, jnp.zeros((), tap.dtype))
-    t_out = picked if t_out is None else t_out + picked
-  return (values, arg), (t_out, np.zeros(arg.shape, jax.dtypes.float0))
+  return (values, arg), (_gather(t, geom, arg), np.zeros(arg.shape, jax.dtypes.float0))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
-  """:func:`window_select` for floats; the plain forward for integers (no derivative)."""
+  """Max (min) of every window and the row-major window offset it came from.
+
+  For floats, differentiable in ``x`` in forward and reverse mode, to any
+  order: each output's derivative is that of its winning input element. Integer
+  inputs get the plain forward.
+  """
   if jnp.issubdtype(x.dtype, jnp.floating):
-    return window_select(x, geom, kind)
+    return _window_select(x, geom, kind)
   return _arg_select(x, geom, kind)
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def flat_indices(arg: jax.Array, geom: Geometry) -> jax.Array:
   """Turns window offsets into PyTorch's flat per-plane input index (int32).
 
   ``h * W + w`` in 2-D, ``(d * H + h) * W + w`` in 3-D: no batch or channel term.
   """
   flat = jnp.zeros(arg.shape, jnp.int32)
-  remaining = arg
+  remaining = arg.astype(jnp.int32)
   # Unravel the row-major offset from the last window dim to the first.
   plane_stride = 1
   for axis in reversed(range(len(geom.dims))):
