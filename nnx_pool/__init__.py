@@ -8,6 +8,7 @@ from nnx_pool._pool import AvgPool as AvgPool
 from nnx_pool._pool import LPPool as LPPool
 from nnx_pool._pool import MaxPool as MaxPool
 from nnx_pool._pool import MinPool as MinPool
+from nnx_pool._unpool import MaxUnpool as MaxUnpool
 
 __version__ = "0.1.0"
 
@@ -15,5 +16,6 @@ __all__ = [
     "AvgPool",
     "LPPool",
     "MaxPool",
+    "MaxUnpool",
     "MinPool",
 ]

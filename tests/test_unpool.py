@@ -1,0 +1,108 @@
+"""Tests for MaxUnpool (nnx_pool._unpool): explicit arrays, round trips and PyTorch parity."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nnx_pool import MaxPool, MaxUnpool
+from nnx_pool import reference
+
+GRID = np.array(
+    [[1, 2, 5, 6], [3, 4, 8, 7], [0, -1, -3, -2], [-4, 9, -6, -5]], dtype=np.float32
+)
+
+
+def test_maxunpool_seed003_round_trip():
+  # seed 003: maxima 4, 8, 9, -2 return to cells 5, 6, 13, 11; zeros elsewhere.
+  values, indices = MaxPool((2, 2), return_indices=True)(GRID[None, :, :, None])
+  y = MaxUnpool((2, 2))(values, indices)
+  expected = np.zeros(16, np.float32)
+  expected[[5, 6, 13, 11]] = [4, 8, 9, -2]
+  np.testing.assert_array_equal(y[0, :, :, 0], expected.reshape(4, 4))
+
+
+def test_maxunpool_default_and_explicit_output_size():
+  unpool = MaxUnpool(3, 2, 1)
+  # PyTorch: (in - 1) * s - 2p + k = (3 - 1) * 2 - 2 + 3 = 5.
+  assert unpool.default_output_size((3,)) == (5,)
+  x = jnp.ones((1, 3, 1))
+  idx = jnp.array([0, 2, 4])[None, :, None]
+  np.testing.assert_array_equal(unpool(x, idx)[0, :, 0], [1, 0, 1, 0, 1])
+  # Within one stride of 5: 4 and 6 are allowed (also as a full NHWC shape); 3 and 7 not.
+  assert unpool(x, idx, output_size=(6,)).shape == (1, 6, 1)
+  assert unpool(x, idx % 4, output_size=(1, 4, 1)).shape == (1, 4, 1)
+  for bad in ((3,), (7,)):
+    with pytest.raises(ValueError, match=r"strictly between 3 and 7 \(default 5, stride 2\)"):
+      unpool(x, idx, output_size=bad)
+
+
+def test_maxunpool_gradient_returns_to_inputs():
+  # Each output cell's cotangent goes back to the input written there; losers get 0.
+  x = jnp.array([1.0, 2.0, 3.0])[None, :, None]
+  idx = jnp.array([1, 1, 3])[None, :, None]  # inputs 0 and 1 both name cell 1
+  cotangent = jnp.array([10.0, 20.0, 30.0, 40.0, 50.0])[None, :, None]
+  # Default size (3 - 1) * 2 + 2 = 6; 5 is within one stride.
+  y = MaxUnpool(2)(x, idx, output_size=(5,))
+  # The last writer in row-major input order wins the shared cell.
+  np.testing.assert_array_equal(y[0, :, 0], [0, 2, 0, 3, 0])
+  grad = jax.grad(lambda x: jnp.sum(MaxUnpool(2)(x, idx, output_size=(5,)) * cotangent))(x)
+  np.testing.assert_array_equal(grad[0, :, 0], [0, 20, 40])
+
+
+def test_maxunpool_matches_reference_and_jit():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 7, 6, 3)).astype(np.float32)
+  values, indices = MaxPool((3, 2), (2, 2), (1, 0), return_indices=True)(x)
+  unpool = MaxUnpool((3, 2), (2, 2), (1, 0))
+  y = unpool(values, indices, output_size=(7, 6))
+  expected = reference.max_unpool(
+      np.asarray(values), np.asarray(indices), (3, 2), (2, 2), (1, 0), output_size=(7, 6)
+  )
+  np.testing.assert_array_equal(y, expected)
+  np.testing.assert_array_equal(jax.jit(lambda v, i: unpool(v, i, (7, 6)))(values, indices), y)
+  np.testing.assert_array_equal(unpool(values[1], indices[1], (7, 6)), y[1])
+
+
+def test_maxunpool_bad_input():
+  unpool = MaxUnpool((2, 2), in_features=2)
+  x = jnp.ones((1, 2, 2, 2))
+  with pytest.raises(ValueError, match=r"`indices` must lie in \[0, 16\)"):
+    unpool(x, jnp.full((1, 2, 2, 2), 16))
+  with pytest.raises(ValueError, match="`indices` must have the shape of `inputs`"):
+    unpool(x, jnp.zeros((1, 2, 2, 1), jnp.int32))
+  with pytest.raises(TypeError, match="`indices` must be integers"):
+    unpool(x, jnp.zeros((1, 2, 2, 2)))
+  with pytest.raises(ValueError, match="NCHW"):
+    unpool(jnp.ones((1, 2, 3, 3)), jnp.zeros((1, 2, 3, 3), jnp.int32))
+  with pytest.raises(ValueError, match="`padding` entries must be >= 0"):
+    MaxUnpool(2, padding=-1)
+
+
+@pytest.mark.parametrize(
+    "window, strides, padding, shape",
+    [
+        (2, None, 0, (2, 9, 3)),
+        (3, 2, 1, (1, 10, 2)),
+        ((2, 2), None, 0, (2, 6, 8, 3)),
+        ((3, 3), 2, 1, (1, 9, 7, 2)),
+        ((3, 2), (1, 2), (1, 1), (2, 5, 6, 1)),
+        ((2, 2, 2), None, 0, (1, 4, 6, 4, 2)),
+        ((3, 2, 3), (2, 2, 1), (1, 0, 1), (1, 5, 4, 5, 1)),
+    ],
+)
+def test_maxunpool_matches_torch(window, strides, padding, shape):
+  torch = pytest.importorskip("torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
+  x = np.random.default_rng(1).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
+  values, indices = MaxPool(window, strides, padding, return_indices=True)(x)
+  ndim = len(shape) - 2
+  y = MaxUnpool(window, strides, padding)(values, indices, output_size=shape[1:-1])
+  unpool = {1: torch.nn.functional.max_unpool1d, 2: torch.nn.functional.max_unpool2d,
+            3: torch.nn.functional.max_unpool3d}[ndim]
+  to_torch = lambda a: torch.from_numpy(np.moveaxis(np.array(a), -1, 1))
+  expected = unpool(
+      to_torch(values), to_torch(indices).long(), window, strides, padding,
+      output_size=shape[1:-1],
+  )
+  # PyTorch 2.13 CPU; tie-free inputs, so no two windows name the same cell.
+  np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1))
