@@ -1,0 +1,1 @@
+"""Benchmarks of nnx_pool against flax.nnx and PyTorch CPU; run ``python -m benchmarks``."""
