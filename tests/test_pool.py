@@ -399,3 +399,31 @@ def test_pool_checks_survive_python_O():
       [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True
   )
   assert "ValueError: `window_shape` entries must be >= 1" in result.stdout
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize(
+    "window, strides, padding, dilation, ceil_mode, shape",
+    [
+        ((3,), (2,), ((1, 1),), (2,), True, (2, 11, 3)),
+        ((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), True, (2, 8, 7, 2)),
+        ((2, 3), (1, 2), ((0, 1), (1, 0)), (2, 1), False, (1, 7, 9, 2)),
+        ((2, 2, 2), (1, 2, 2), ((1, 1), (0, 0), (1, 1)), (1, 1, 2), True, (1, 4, 5, 6, 2)),
+    ],
+)
+def test_maxpool_gradient_matches_mirror(dtype, window, strides, padding, dilation, ceil_mode, shape):
+  # NumPy mirror (nnx_pool.reference): each output's cotangent added to its argmax cell.
+  from nnx_pool import reference
+
+  rng = np.random.default_rng(7)
+  # Small integers are exact in bfloat16; the few ties follow the first-max rule in both.
+  x = (rng.permutation(np.prod(shape)) % 200 - 100).reshape(shape).astype(np.float32)
+  pool = MaxPool(window, strides, padding, dilation=dilation, ceil_mode=ceil_mode)
+  out_shape = pool(jnp.asarray(x)).shape
+  g = rng.integers(-8, 8, out_shape).astype(np.float32)
+  grad = jax.grad(lambda x: jnp.sum(pool(x).astype(jnp.float32) * g))(jnp.asarray(x, dtype))
+  assert grad.dtype == dtype
+  expected = reference.max_pool_grad(
+      x, g, window, strides, padding, dilation=dilation, ceil_mode=ceil_mode
+  )
+  np.testing.assert_array_equal(np.asarray(grad, np.float32), expected)
