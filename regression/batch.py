@@ -1,0 +1,492 @@
+"""The canonical regression batch: declarative cases over every public module.
+
+A :class:`Case` is a small record: a name, a zero-argument factory that builds
+the module (or a plain function), the name of a stored input
+(:data:`regression.inputs.INPUTS`), a dtype, the kind of tolerance
+(:data:`regression.tolerance.KINDS`), whether the module returns indices,
+whether it has parameters, and, for a deliberately bad input, the error it
+must raise.
+
+Cases come from :data:`BUILDERS`, one :class:`CaseBuilder` per public module.
+A builder names the ``nnx_pool`` attributes it needs; when the package lacks
+one of them yet, the builder is skipped without error. To cover a new module,
+add a function returning its cases and one ``CaseBuilder`` line.
+:func:`load_batch` also lists public modules that no builder covers, so a
+module cannot go untested silently.
+
+Configurations cover every option of each module: window shapes in 1, 2 and
+3 dims, default and explicit strides, ``"VALID"``/``"SAME"``/int/pair padding,
+dilation, ceil mode, ``count_include_pad``, ``divisor_override``,
+``return_indices``, ``in_features``, batched and unbatched inputs, float32,
+float16, bfloat16 and integer dtypes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import importlib
+import re
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from regression.inputs import INPUTS
+from regression.tolerance import KINDS
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorSpec:
+  """The error a case must raise: an exception type name and a message regex.
+
+  Attributes:
+    type: the exception class name, e.g. ``"ValueError"``.
+    pattern: a regular expression searched for in the message.
+  """
+
+  type: str
+  pattern: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One regression case.
+
+  Attributes:
+    name: a unique name (letters, digits, ``_.-``).
+    build: a zero-argument factory returning an ``nnx.Module`` or a function
+      of one array.
+    input: the name of an input in :data:`regression.inputs.INPUTS`.
+    dtype: the input's dtype name (default ``"float32"``).
+    tolerance: the kind of tolerance, one of :data:`regression.tolerance.KINDS`.
+    indices: the module returns ``(values, indices)`` (default False).
+    params: the module has ``nnx.Param`` weights, stored in the baseline and
+      differentiated (default False).
+    grad: record the gradient for a fixed cotangent (default True; always off
+      for integer dtypes and error cases).
+    raises: the error a deliberately bad input must raise (default None).
+    module: the public name of the module under test, for reports.
+    config: a readable constructor call, for reports.
+    note: why an option is off, or what the case pins.
+  """
+
+  name: str
+  build: Callable[[], Any]
+  input: str
+  dtype: str = "float32"
+  tolerance: str = "window"
+  indices: bool = False
+  params: bool = False
+  grad: bool = True
+  raises: ErrorSpec | None = None
+  module: str = ""
+  config: str = ""
+  note: str = ""
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not _NAME.match(self.name):
+      raise ValueError(f"`name` must be letters, digits and _.- only; got {self.name!r}.")
+    if not callable(self.build):
+      raise TypeError(f"`build` must be a zero-argument callable; got {self.build!r}.")
+    if self.input not in INPUTS:
+      raise ValueError(f"`input` must be one of {sorted(INPUTS)}; got {self.input!r}.")
+    if self.tolerance not in KINDS:
+      raise ValueError(f"`tolerance` must be one of {KINDS}; got {self.tolerance!r}.")
+    if self.raises is not None and not isinstance(self.raises, ErrorSpec):
+      raise TypeError(f"`raises` must be an ErrorSpec or None; got {self.raises!r}.")
+
+  def describe(self) -> dict[str, Any]:
+    """The case's declaration as JSON, stored in the manifest to detect edits."""
+    return {
+        "module": self.module,
+        "config": self.config,
+        "input": self.input,
+        "dtype": self.dtype,
+        "tolerance_kind": self.tolerance,
+        "indices": self.indices,
+        "params": self.params,
+        "grad": self.grad,
+        "raises": dataclasses.asdict(self.raises) if self.raises else None,
+        "note": self.note,
+    }
+
+
+def case(name: str, cls: Any, *args: Any, input: str, **options: Any) -> Case:
+  """Builds a :class:`Case` for ``cls(*args, **kwargs)``.
+
+  Keyword arguments that are :class:`Case` fields (``dtype``, ``tolerance``,
+  ``indices``, ``params``, ``grad``, ``raises``, ``note``) go to the case; the
+  rest go to the module's constructor.
+  """
+  fixed = {"name", "build", "input", "module", "config"}
+  fields = {f.name for f in dataclasses.fields(Case)} - fixed
+  case_fields = {k: v for k, v in options.items() if k in fields}
+  kwargs = {k: v for k, v in options.items() if k not in fields}
+  shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+  if case_fields.get("params"):
+    shown.append("rngs=nnx.Rngs(0)")
+    build = functools.partial(_build_with_rngs, cls, args, kwargs)
+  else:
+    build = functools.partial(cls, *args, **kwargs)
+  return Case(
+      name=name, build=build, input=input, module=cls.__name__,
+      config=f"{cls.__name__}({', '.join(shown)})", **case_fields,
+  )
+
+
+def _build_with_rngs(cls: Any, args: tuple, kwargs: dict) -> Any:
+  from flax import nnx
+
+  return cls(*args, **kwargs, rngs=nnx.Rngs(0))
+
+
+_CHANNELS_LAST = ErrorSpec("ValueError", r"must be channels-last")
+_CHANNELS_FIRST = ErrorSpec("ValueError", r"channels-first")
+_NO_GRAD_NONFINITE = "no gradient: the power's derivative at NaN/inf has no documented value"
+
+
+def _max_cases(pool: ModuleType) -> list[Case]:
+  return _select_cases(pool.MaxPool, "max") + [
+      case("max_k3s2p1_ceil_asym", pool.MaxPool, (3, 3), 2, 1, ceil_mode=True, input="asym",
+           tolerance="select"),
+      case("max_k2s1_pairs_indices_batch", pool.MaxPool, (2, 2), 1, ((0, 1), (1, 0)),
+           return_indices=True, input="batch", tolerance="select", indices=True),
+      case("max_k3s2p1_ceil_indices_unbatched", pool.MaxPool, (3, 3), 2, 1, ceil_mode=True,
+           return_indices=True, in_features=2, input="unbatched", tolerance="select", indices=True),
+      case("max_1d_k3s2p1_seq", pool.MaxPool, 3, 2, 1, input="seq", tolerance="select"),
+      case("max_3d_k2_indices_vol", pool.MaxPool, (2, 2, 2), return_indices=True, input="vol",
+           tolerance="select", indices=True),
+      case("max_k3s1_f16_one", pool.MaxPool, (3, 3), 1, input="one", dtype="float16",
+           tolerance="select"),
+      case("max_k3s1p1_int8_ints", pool.MaxPool, (3, 3), 1, 1, input="ints", dtype="int8",
+           tolerance="select", note="padding holds the int8 minimum"),
+      case("max_k2s1_ties_zeros", pool.MaxPool, (2, 2), 1, return_indices=True, input="zeros",
+           tolerance="select_ties", indices=True,
+           note="every window ties: indices pin the first-maximum rule"),
+      case("max_nchw", pool.MaxPool, (2, 2), in_features=2, input="nchw", tolerance="select",
+           raises=_CHANNELS_FIRST),
+  ]
+
+
+def _min_cases(pool: ModuleType) -> list[Case]:
+  return _select_cases(pool.MinPool, "min") + [
+      case("min_k3s1p2_dil2_asym", pool.MinPool, (3, 3), 1, 2, dilation=2, input="asym",
+           tolerance="select"),
+      case("min_k2_ceil_asym", pool.MinPool, (2, 2), ceil_mode=True, input="asym",
+           tolerance="select"),
+      case("min_k3s1p1_int8_ints", pool.MinPool, (3, 3), 1, 1, input="ints", dtype="int8",
+           tolerance="select", note="padding holds the int8 maximum"),
+  ]
+
+
+def _select_cases(cls: Any, prefix: str) -> list[Case]:
+  """Cases shared by max and min pooling."""
+  return [
+      case(f"{prefix}_k2_one", cls, (2, 2), input="one", tolerance="select",
+           note="strides default to the window"),
+      case(f"{prefix}_k3s2_same_batch", cls, (3, 3), 2, "SAME", input="batch", tolerance="select"),
+      case(f"{prefix}_k2s1_dil2_asym", cls, (2, 2), 1, dilation=2, input="asym",
+           tolerance="select"),
+      case(f"{prefix}_k2_indices_bf16_one", cls, (2, 2), return_indices=True, input="one",
+           dtype="bfloat16", tolerance="select", indices=True),
+      case(f"{prefix}_k2_indices_int32_ints", cls, (2, 2), return_indices=True, input="ints",
+           dtype="int32", tolerance="select", indices=True),
+      case(f"{prefix}_k2_indices_extreme", cls, (2, 2), return_indices=True, input="extreme",
+           tolerance="select", indices=True),
+      case(f"{prefix}_k2_indices_nonfinite", cls, (2, 2), return_indices=True, input="nonfinite",
+           tolerance="select", indices=True,
+           note="NaN propagates and wins; the gradient follows the reported index"),
+      case(f"{prefix}_bad_rank", cls, (2, 2), input="bad_rank", tolerance="select",
+           raises=_CHANNELS_LAST),
+  ]
+
+
+def _avg_cases(pool: ModuleType) -> list[Case]:
+  avg = pool.AvgPool
+  return [
+      case("avg_k2_one", avg, (2, 2), input="one", note="strides default to the window"),
+      case("avg_k3s2_same_batch", avg, (3, 3), 2, "SAME", input="batch"),
+      case("avg_k3s2_same_nopad_batch", avg, (3, 3), 2, "SAME", count_include_pad=False,
+           input="batch"),
+      case("avg_k3s2p1_ceil_asym", avg, (3, 3), 2, 1, ceil_mode=True, input="asym"),
+      case("avg_k3s2p1_ceil_nopad_asym", avg, (3, 3), 2, 1, ceil_mode=True,
+           count_include_pad=False, input="asym"),
+      case("avg_k3s1p1_ints", avg, (3, 3), 1, 1, input="ints", tolerance="exact_sum"),
+      case("avg_k2_div3_ints", avg, (2, 2), divisor_override=3, input="ints",
+           tolerance="exact_sum"),
+      case("avg_k23_s12_pairs_unbatched", avg, (2, 3), (1, 2), ((1, 0), (0, 1)), in_features=2,
+           input="unbatched"),
+      case("avg_1d_k3s2p1_nopad_seq", avg, 3, 2, 1, count_include_pad=False, input="seq"),
+      case("avg_3d_k2s1_vol", avg, (2, 2, 2), 1, input="vol"),
+      case("avg_k3s2p1_bf16_batch", avg, (3, 3), 2, 1, input="batch", dtype="bfloat16"),
+      case("avg_k2_f16_batch", avg, (2, 2), input="batch", dtype="float16"),
+      case("avg_k2s1_same_zeros", avg, (2, 2), 1, "SAME", input="zeros", tolerance="exact_sum"),
+      case("avg_k2s1_extreme", avg, (2, 2), 1, input="extreme", tolerance="window_rel"),
+      case("avg_k2_nonfinite", avg, (2, 2), input="nonfinite",
+           note="NaN and inf propagate; inf + -inf in one window gives NaN"),
+      case("avg_bad_rank", avg, (2, 2), input="bad_rank", raises=_CHANNELS_LAST),
+  ]
+
+
+def _lp_cases(pool: ModuleType) -> list[Case]:
+  lp = pool.LPPool
+  return [
+      case("lp2_k2_batch", lp, 2, (2, 2), input="batch"),
+      case("lp3_k3s2_ceil_positive", lp, 3, (3, 3), 2, ceil_mode=True, input="positive",
+           note="odd power: positive inputs (negative sums give NaN, as PyTorch)"),
+      case("lp1.5_k2s1_positive", lp, 1.5, (2, 2), 1, input="positive"),
+      case("lp2_1d_k3s2_seq", lp, 2, 3, 2, input="seq"),
+      case("lp2_3d_k2_vol", lp, 2, (2, 2, 2), input="vol"),
+      case("lp2_k33s3_unbatched", lp, 2, (3, 3), 3, in_features=2, input="unbatched"),
+      case("lp2_k2_bf16_batch", lp, 2, (2, 2), input="batch", dtype="bfloat16"),
+      case("lp2_k2_nonfinite", lp, 2, (2, 2), input="nonfinite", grad=False,
+           note=_NO_GRAD_NONFINITE),
+      case("lp2_bad_rank", lp, 2, (2, 2), input="bad_rank", raises=_CHANNELS_LAST),
+  ]
+
+
+def _global_cases(pool: ModuleType) -> list[Case]:
+  gap, gmp = pool.GlobalAvgPool, pool.GlobalMaxPool
+  return [
+      case("global_avg_batch", gap, input="batch", tolerance="global"),
+      case("global_avg_keepdims_bf16_batch", gap, keepdims=True, input="batch", dtype="bfloat16",
+           tolerance="global"),
+      case("global_avg_1d_seq", gap, num_spatial_dims=1, in_features=3, input="seq",
+           tolerance="global"),
+      case("global_avg_3d_vol", gap, num_spatial_dims=3, input="vol", tolerance="global"),
+      case("global_avg_unbatched", gap, input="unbatched", tolerance="global"),
+      case("global_avg_ints", gap, input="ints", tolerance="exact_sum",
+           note="integer-valued maps give bit-exact means"),
+      case("global_avg_bad_rank", gap, input="bad_rank", raises=_CHANNELS_LAST),
+      case("global_max_batch", gmp, input="batch", tolerance="select"),
+      case("global_max_keepdims_int8_ints", gmp, keepdims=True, input="ints", dtype="int8",
+           tolerance="select"),
+      case("global_max_ties_zeros", gmp, input="zeros", tolerance="select_ties"),
+      case("global_max_nonfinite", gmp, input="nonfinite", tolerance="select"),
+      case("global_max_nchw", gmp, in_features=2, input="nchw", tolerance="select",
+           raises=_CHANNELS_FIRST),
+  ]
+
+
+def _adaptive_cases(pool: ModuleType) -> list[Case]:
+  aap, amp = pool.AdaptiveAvgPool, pool.AdaptiveMaxPool
+  # Bins stay within 3x3 cells (5->3 and 7->4 give bins of 2-3), so "window" tolerances hold.
+  return [
+      case("adaptive_avg_34_asym", aap, (3, 4), input="asym"),
+      case("adaptive_avg_up_79_asym", aap, (7, 9), input="asym",
+           note="output larger than the input: overlapping one- and two-cell bins"),
+      case("adaptive_avg_none3_asym", aap, (None, 3), input="asym"),
+      case("adaptive_avg_1d_seq", aap, (4,), input="seq"),
+      case("adaptive_avg_3d_vol", aap, 2, num_spatial_dims=3, input="vol"),
+      case("adaptive_avg_bf16_batch", aap, (4, 4), input="batch", dtype="bfloat16"),
+      case("adaptive_avg_34_ints", aap, (3, 4), input="ints", tolerance="exact_sum"),
+      case("adaptive_avg_unbatched", aap, 3, in_features=2, input="unbatched"),
+      case("adaptive_avg_bad_rank", aap, (2, 2), input="bad_rank", raises=_CHANNELS_LAST),
+      case("adaptive_max_34_indices_asym", amp, (3, 4), return_indices=True, input="asym",
+           tolerance="select", indices=True),
+      case("adaptive_max_up_79_asym", amp, (7, 9), input="asym", tolerance="select"),
+      case("adaptive_max_indices_nonfinite", amp, (2, 2), return_indices=True, input="nonfinite",
+           tolerance="select", indices=True),
+      case("adaptive_max_indices_int32_ints", amp, (4, 4), return_indices=True, input="ints",
+           dtype="int32", tolerance="select", indices=True),
+      case("adaptive_max_ties_zeros", amp, (3, 3), return_indices=True, input="zeros",
+           tolerance="select_ties", indices=True),
+      case("adaptive_max_bf16_one", amp, (3, 4), input="one", dtype="bfloat16",
+           tolerance="select"),
+      case("adaptive_max_bad_rank", amp, (2, 2), input="bad_rank", tolerance="select",
+           raises=_CHANNELS_LAST),
+  ]
+
+
+def _select_adaptive_cases(pool: ModuleType) -> list[Case]:
+  sap = pool.SelectAdaptivePool
+  return [
+      case("select_avg_batch", sap, input="batch", tolerance="global"),
+      case("select_max_flatten_batch", sap, pool_type="max", flatten=True, input="batch",
+           tolerance="select"),
+      case("select_avgmax_batch", sap, pool_type="avgmax", input="batch", tolerance="global"),
+      case("select_catavgmax_flatten_asym", sap, 1, pool_type="catavgmax", flatten=True,
+           input="asym", tolerance="global"),
+      case("select_avg_23_asym", sap, (2, 3), input="asym"),
+      case("select_bad_rank", sap, input="bad_rank", raises=_CHANNELS_LAST),
+  ]
+
+
+def _pool_then_unpool(pool_cls: Any, pool_args: tuple, unpool_cls: Any, unpool_args: tuple,
+                      options: dict) -> Callable[[Any], Any]:
+  pool = pool_cls(*pool_args, return_indices=True)
+  unpool = unpool_cls(*unpool_args, **options)
+
+  def pool_unpool(x):
+    return unpool(*pool(x))
+
+  return pool_unpool
+
+
+def _bad_indices(unpool_cls: Any, window: tuple) -> Callable[[Any], Any]:
+  unpool = unpool_cls(window)
+
+  def unpool_with_own_indices(x):
+    return unpool(x, x.astype("int32"))
+
+  return unpool_with_own_indices
+
+
+def _unpool_cases(pool: ModuleType) -> list[Case]:
+  mp, mu = pool.MaxPool, pool.MaxUnpool
+
+  def chain(name: str, pool_args: tuple, unpool_args: tuple, input: str, **fields) -> Case:
+    options = fields.pop("options", {})
+    shown = ", ".join([repr(a) for a in unpool_args] + [f"{k}={v!r}" for k, v in options.items()])
+    pool_shown = ", ".join(repr(a) for a in pool_args)
+    return Case(
+        name=name, input=input, module="MaxUnpool", tolerance="select",
+        build=functools.partial(_pool_then_unpool, mp, pool_args, mu, unpool_args, options),
+        config=f"MaxUnpool({shown})(*MaxPool({pool_shown}, return_indices=True)(x))", **fields,
+    )
+
+  return [
+      chain("unpool_k2_one", ((2, 2),), ((2, 2),), "one"),
+      chain("unpool_k3s2p1_asym", ((3, 3), 2, 1), ((3, 3), 2, 1), "asym",
+            note="padding 1, stride 2: the default output size restores 5x7"),
+      chain("unpool_k3s1_overlap_one", ((3, 3), 1), ((3, 3), 1), "one",
+            note="overlapping windows pick the same cell: the last writer wins"),
+      chain("unpool_1d_k2_seq", (2,), (2,), "seq"),
+      chain("unpool_k2_in_features_unbatched", ((2, 2),), ((2, 2),), "unbatched",
+            options={"in_features": 2}),
+      chain("unpool_k2_bf16_one", ((2, 2),), ((2, 2),), "one", dtype="bfloat16"),
+      Case("unpool_bad_rank", functools.partial(_bad_indices, mu, (2, 2)), input="bad_rank",
+           module="MaxUnpool", tolerance="select", raises=_CHANNELS_LAST,
+           config="MaxUnpool((2, 2))(x, x.astype(int32))"),
+  ]
+
+
+# ---------------------------------------------------------- channel gates
+# Guessed minimal signatures (`in_features` first, `rngs` keyword-only); adjust
+# them when the gates land. Weights come from nnx.Rngs(0) at recording and are
+# stored: check loads them, so a change in the init PRNG cannot move a number.
+
+
+def _gate_cases(pool: ModuleType) -> list[Case]:
+  return [
+      case(f"{name}_gate_map", getattr(pool, cls), 8, input="gate_map", tolerance="gate",
+           params=True)
+      for name, cls in (
+          ("se", "SqueezeExcitation"),
+          ("ese", "EffectiveSqueezeExcitation"),
+          ("eca", "EfficientChannelAttention"),
+          ("cbam", "CBAM"),
+      )
+  ]
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseBuilder:
+  """Builds the cases of one module family, when ``nnx_pool`` has every name it needs.
+
+  Attributes:
+    requires: the ``nnx_pool`` attributes the builder uses.
+    build: a function of the ``nnx_pool`` module returning cases.
+  """
+
+  requires: tuple[str, ...]
+  build: Callable[[ModuleType], list[Case]]
+
+
+BUILDERS: tuple[CaseBuilder, ...] = (
+    CaseBuilder(("MaxPool",), _max_cases),
+    CaseBuilder(("MinPool",), _min_cases),
+    CaseBuilder(("AvgPool",), _avg_cases),
+    CaseBuilder(("LPPool",), _lp_cases),
+    CaseBuilder(("GlobalAvgPool", "GlobalMaxPool"), _global_cases),
+    CaseBuilder(("AdaptiveAvgPool", "AdaptiveMaxPool"), _adaptive_cases),
+    CaseBuilder(("SelectAdaptivePool",), _select_adaptive_cases),
+    CaseBuilder(("MaxPool", "MaxUnpool"), _unpool_cases),
+    CaseBuilder(
+        ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM"),
+        _gate_cases,
+    ),
+)
+
+
+@dataclasses.dataclass
+class Batch:
+  """The cases to run, plus what could not be covered and why.
+
+  Attributes:
+    cases: the cases, in order.
+    notes: lines for reports: skipped builders, uncovered public modules.
+  """
+
+  cases: list[Case]
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def build_cases(package: ModuleType, builders: Sequence[CaseBuilder] = BUILDERS) -> Batch:
+  """Runs every builder whose names ``package`` has.
+
+  Args:
+    package: the module holding the public classes (``nnx_pool``).
+    builders: the builders to run (default :data:`BUILDERS`).
+
+  Returns:
+    A :class:`Batch`.
+  """
+  cases: list[Case] = []
+  notes: list[str] = []
+  covered: set[str] = set()
+  for builder in builders:
+    missing = [name for name in builder.requires if not hasattr(package, name)]
+    if missing:
+      notes.append(f"skipped (not in {package.__name__} yet): {', '.join(missing)}")
+      continue
+    covered.update(builder.requires)
+    cases.extend(builder.build(package))
+  seen: set[str] = set()
+  for c in cases:
+    if c.name in seen:
+      raise ValueError(f"case name {c.name!r} is used twice; case names must be unique.")
+    seen.add(c.name)
+  uncovered = sorted(set(_public_modules(package)) - covered)
+  if uncovered:
+    notes.append(f"public modules with no regression cases: {', '.join(uncovered)}")
+  return Batch(cases=cases, notes=notes)
+
+
+def _public_modules(package: ModuleType) -> list[str]:
+  try:
+    from flax import nnx
+  except ImportError:  # pragma: no cover - flax is a dependency
+    return []
+  names = getattr(package, "__all__", [])
+  return [
+      n for n in names
+      if isinstance(getattr(package, n, None), type) and issubclass(getattr(package, n), nnx.Module)
+  ]
+
+
+def load_batch(package_name: str = "nnx_pool") -> Batch:
+  """Imports ``nnx_pool`` and builds the canonical batch.
+
+  If the package does not import, the batch is empty and the note says why.
+  """
+  try:
+    package = importlib.import_module(package_name)
+  except Exception as e:  # noqa: BLE001 - reported, not hidden
+    return Batch(cases=[], notes=[f"{package_name} does not import: {type(e).__name__}: {e}"])
+  return build_cases(package)
+
+
+def select(cases: Sequence[Case], pattern: str | None) -> list[Case]:
+  """Keeps the cases whose name contains ``pattern`` or matches it as a glob."""
+  if not pattern:
+    return list(cases)
+  return [c for c in cases if matches(c.name, pattern)]
+
+
+def matches(name: str, pattern: str | None) -> bool:
+  """Whether ``name`` is selected by ``pattern`` (substring or glob; None selects all)."""
+  return not pattern or pattern in name or fnmatch.fnmatchcase(name, pattern)

@@ -1,0 +1,366 @@
+"""The four commands behind the CLI: ``record``, ``check``, ``diff`` and ``info``.
+
+Each takes plain arguments, returns a :class:`~regression.report.Report`, and
+never prints; :mod:`regression.cli` renders it. Baseline arrays are keyed
+``<case>/<key>``: the stored inputs (``input``, ``cotangent``,
+``weights/<path>``) and the results (``output``, ``output_eager``,
+``indices``, ``indices_eager``, ``grad/input``, ``grad/params/<path>``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from regression import store
+from regression.batch import Case, matches, select
+from regression.compare import compare_arrays
+from regression.report import FAILING, Report, Row, Timing, recorded_label
+from regression.stamp import collect_stamp, stamp_changes
+from regression.store import Baseline, BaselineError
+from regression.tolerance import Tolerance, policy_table
+
+KIND = "batch"
+SHIPPED = Path(__file__).resolve().parent / "baseline"
+_INPUT_KEYS = ("input", "cotangent", "weights/")
+_CASE_FIELDS = ("declaration", "inputs", "results", "jit_eager_agree", "timing", "raises")
+
+
+def _is_input(key: str) -> bool:
+  return key.startswith(_INPUT_KEYS)
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load(path: str | os.PathLike) -> Baseline:
+  """Reads a batch baseline and checks it is one this version can compare with.
+
+  Raises:
+    BaselineError: see :func:`regression.store.read_baseline`; also when the
+      manifest is not a batch baseline or a case entry is malformed.
+  """
+  base = store.read_baseline(path)
+  manifest = base.manifest
+  if manifest.get("kind") != KIND:
+    raise BaselineError(
+        f"baseline {base.path}: holds kind {manifest.get('kind')!r}, not a {KIND!r} baseline "
+        "(a pytest fixture baseline cannot be checked with the CLI)."
+    )
+  cases = manifest.get("cases")
+  if not isinstance(cases, dict) or not isinstance(manifest.get("stamp"), dict):
+    raise BaselineError(f"baseline {base.path}: manifest lacks 'cases' or 'stamp'.")
+  for name, entry in cases.items():
+    missing = [f for f in _CASE_FIELDS if not isinstance(entry, dict) or f not in entry]
+    if missing:
+      raise BaselineError(f"baseline {base.path}: case {name!r} lacks {missing[0]!r}.")
+    for key in [*entry["inputs"], *entry["results"]]:
+      if f"{name}/{key}" not in base.arrays:
+        raise BaselineError(f"baseline {base.path}: case {name!r} refers to missing array {key!r}.")
+  return base
+
+
+def _case_arrays(base: Baseline, name: str) -> dict[str, np.ndarray]:
+  prefix = f"{name}/"
+  return {k[len(prefix):]: v for k, v in base.arrays.items() if k.startswith(prefix)}
+
+
+# ------------------------------------------------------------------- record
+
+
+def record(
+    cases: Sequence[Case],
+    out: str | os.PathLike,
+    *,
+    force: bool = False,
+    notes: Sequence[str] = (),
+    reps: int = 20,
+) -> Report:
+  """Runs every case and writes a baseline atomically.
+
+  Inputs are generated, except that a case whose declaration is unchanged
+  reuses the inputs stored in the baseline being replaced, so inputs stay
+  fixed across re-recordings.
+
+  Args:
+    cases: the batch.
+    out: the baseline directory.
+    force: replace an existing baseline.
+    notes: lines to carry into the report and manifest (e.g. skipped builders).
+    reps: the most timed steady-state calls per case.
+
+  Returns:
+    The report; exit code 2 if ``out`` may not be written, 1 if a case failed
+    (nothing is written then), else 0.
+  """
+  from regression.runner import run_case
+
+  out = Path(out)
+  report = Report(command="record", baseline=str(out), notes=list(notes))
+  try:
+    store.check_writable(out, force=force)
+  except FileExistsError as e:
+    report.exit_code, report.error = 2, str(e)
+    return report
+  if not cases:
+    report.exit_code = 2
+    report.error = "no cases to record" + (f" ({'; '.join(notes)})" if notes else "") + "."
+    return report
+  old = None
+  if out.exists():
+    try:
+      old = load(out)
+    except BaselineError:
+      old = None
+  stamp = collect_stamp()
+  report.stamp = stamp
+  entries: dict[str, Any] = {}
+  arrays: dict[str, np.ndarray] = {}
+  for case in cases:
+    stored = None
+    if old is not None:
+      entry = old.manifest["cases"].get(case.name)
+      if entry is not None and not _declaration_changes(entry["declaration"], case.describe()):
+        stored = {k: v for k, v in _case_arrays(old, case.name).items() if _is_input(k)}
+    run = run_case(case, stored, reps=reps)
+    if run.error:
+      report.rows.append(Row(case.name, "ERROR", details=[run.error]))
+      continue
+    label = _label(case, run.tolerances)
+    report.rows.append(Row(case.name, "RECORDED", tolerance=label))
+    x = run.inputs["input"]
+    entries[case.name] = {
+        "declaration": case.describe(),
+        "input_digest": store.digest(x),
+        "input_shape": list(x.shape),
+        "input_dtype": x.dtype.name,
+        "inputs": sorted(run.inputs),
+        "results": {k: t.to_json() for k, t in sorted(run.tolerances.items())},
+        "jit_eager_agree": run.jit_eager_agree,
+        "timing": {"compile_s": run.compile_s, "steady_s": run.steady_s},
+        "raises": run.raised,
+    }
+    for key, value in {**run.inputs, **run.results}.items():
+      arrays[f"{case.name}/{key}"] = value
+  if any(r.status == "ERROR" for r in report.rows):
+    report.exit_code = 1
+    report.notes.append("nothing was written: fix the failing cases first")
+    return report
+  fields = {
+      "kind": KIND,
+      "stamp": stamp,
+      "cases": entries,
+      "notes": list(notes),
+      "tolerance_policy": policy_table(),
+  }
+  try:
+    store.write_baseline(out, fields, arrays, force=force)
+  except FileExistsError as e:
+    report.exit_code, report.error = 2, str(e)
+  return report
+
+
+def _label(case: Case, tolerances: Mapping[str, Tolerance]) -> str:
+  if case.raises is not None:
+    return f"raises {case.raises.type}"
+  tol = tolerances.get("output")
+  return tol.describe() if tol else "-"
+
+
+# -------------------------------------------------------------------- check
+
+
+def check(
+    cases: Sequence[Case],
+    baseline: str | os.PathLike,
+    *,
+    pattern: str | None = None,
+    dry_run: bool = False,
+    notes: Sequence[str] = (),
+    reps: int = 20,
+) -> Report:
+  """Runs the batch (after JIT warmup) and compares it with a baseline.
+
+  Args:
+    cases: the batch.
+    baseline: the baseline directory.
+    pattern: run only cases whose name contains it or matches it as a glob.
+    dry_run: report drift but exit 0.
+    notes: lines to carry into the report.
+    reps: the most timed steady-state calls per case.
+
+  Returns:
+    The report; exit code 2 for an unusable baseline, 1 for any failing row
+    (0 with ``dry_run``), else 0.
+  """
+  from regression.runner import run_case
+
+  report = Report(command="check", baseline=str(baseline), dry_run=dry_run, notes=list(notes))
+  try:
+    base = load(baseline)
+  except BaselineError as e:
+    report.exit_code, report.error = 2, str(e)
+    return report
+  manifest = base.manifest
+  report.recorded = recorded_label(manifest)
+  report.stamp = collect_stamp()
+  report.stamp_changes = stamp_changes(manifest["stamp"], report.stamp)
+  entries = manifest["cases"]
+  selected = select(cases, pattern)
+  for case in selected:
+    entry = entries.get(case.name)
+    if entry is None:
+      report.rows.append(Row(case.name, "NEW", details=["not in the baseline; re-record it"]))
+      continue
+    changed = _declaration_changes(entry["declaration"], case.describe())
+    if changed:
+      report.rows.append(Row(case.name, "STALE", details=changed))
+      continue
+    stored = _case_arrays(base, case.name)
+    run = run_case(case, {k: v for k, v in stored.items() if _is_input(k)}, reps=reps)
+    row = _compare_run(case, entry, run, stored)
+    report.rows.append(row)
+    timing = entry["timing"]
+    report.timings.append(Timing(
+        case.name, timing.get("compile_s"), run.compile_s, timing.get("steady_s"), run.steady_s))
+  names = {c.name for c in cases}
+  for name in entries:
+    if name not in names and matches(name, pattern):
+      report.rows.append(Row(name, "GONE", details=["in the baseline but no longer in the batch"]))
+  if pattern and not selected:
+    report.notes.append(f"-k {pattern!r} selected no cases")
+  failing = any(r.status in FAILING for r in report.rows)
+  if failing and dry_run:
+    report.notes.append("dry run: the drift above is reported, exit code 0")
+  report.exit_code = 1 if failing and not dry_run else 0
+  return report
+
+
+def _declaration_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+  """What changed in a case's declaration; a reworded ``note`` is not a change."""
+  return [
+      f"declaration changed: {key} {before.get(key)!r} -> {now.get(key)!r}; re-record it"
+      for key in sorted(set(before) | set(now))
+      if key != "note" and before.get(key) != now.get(key)
+  ]
+
+
+def _compare_run(
+    case: Case, entry: Mapping[str, Any], run: Any, stored: Mapping[str, np.ndarray]
+) -> Row:
+  if case.raises is not None:
+    label = f"raises {case.raises.type}"
+    if run.error:
+      return Row(case.name, "FAIL", tolerance=label, details=[run.error])
+    return Row(case.name, "PASS", tolerance=label)
+  if run.error:
+    return Row(case.name, "ERROR", details=[run.error])
+  row = Row(case.name, "PASS", 0.0, 0.0, _label(case, run.tolerances))
+  expected_keys = set(entry["results"])
+  for key in sorted(expected_keys | set(run.results)):
+    if key not in run.results:
+      row.details.append(f"{key}: in the baseline but no longer produced")
+      continue
+    if key not in expected_keys:
+      row.details.append(f"{key}: produced now but not in the baseline")
+      continue
+    tol = run.tolerances[key]
+    verdict = compare_arrays(run.results[key], stored[key], tol)
+    row.arrays[key] = {**verdict.to_json(), "tolerance": tol.to_json()}
+    row.max_abs = max(row.max_abs, verdict.max_abs)
+    row.max_rel = max(row.max_rel, verdict.max_rel)
+    if not verdict.passed:
+      row.details.append(f"{key}: {verdict.message} [{tol.describe()}]")
+  if entry["jit_eager_agree"] and run.jit_eager_agree is False:
+    row.details.append("jit and eager results agreed in the baseline and now disagree")
+  if row.details:
+    row.status = "FAIL"
+  return row
+
+
+# --------------------------------------------------------------------- diff
+
+
+def diff(a: str | os.PathLike, b: str | os.PathLike) -> Report:
+  """Compares two recorded baselines, with the first one's tolerances.
+
+  Returns:
+    The report; exit code 2 if either baseline is unusable, 1 if any case
+    differs, is missing from one side, or was run on different inputs.
+  """
+  report = Report(command="diff", baseline=str(a), other=str(b))
+  try:
+    base_a, base_b = load(a), load(b)
+  except BaselineError as e:
+    report.exit_code, report.error = 2, str(e)
+    return report
+  report.recorded = recorded_label(base_a.manifest)
+  report.stamp_changes = stamp_changes(base_a.manifest["stamp"], base_b.manifest["stamp"])
+  cases_a, cases_b = base_a.manifest["cases"], base_b.manifest["cases"]
+  for name in sorted(set(cases_a) | set(cases_b)):
+    if name not in cases_b:
+      report.rows.append(Row(name, "GONE", details=[f"only in {a}"]))
+      continue
+    if name not in cases_a:
+      report.rows.append(Row(name, "NEW", details=[f"only in {b}"]))
+      continue
+    ea, eb = cases_a[name], cases_b[name]
+    arrays_a, arrays_b = _case_arrays(base_a, name), _case_arrays(base_b, name)
+    report.rows.append(_diff_case(name, ea, eb, arrays_a, arrays_b))
+    report.timings.append(Timing(
+        name, ea["timing"].get("compile_s"), eb["timing"].get("compile_s"),
+        ea["timing"].get("steady_s"), eb["timing"].get("steady_s")))
+  report.exit_code = 1 if any(r.status in FAILING for r in report.rows) else 0
+  return report
+
+
+def _diff_case(
+    name: str, ea: Mapping[str, Any], eb: Mapping[str, Any],
+    arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray],
+) -> Row:
+  if _declaration_changes(ea["declaration"], eb["declaration"]):
+    return Row(name, "STALE", details=_declaration_changes(ea["declaration"], eb["declaration"]))
+  raises = ea["declaration"].get("raises")
+  if raises:
+    label = f"raises {raises['type']}"
+    same = (ea["raises"] or {}).get("type") == (eb["raises"] or {}).get("type")
+    return Row(name, "PASS" if same else "FAIL", tolerance=label,
+               details=[] if same else [f"raised {ea['raises']} vs {eb['raises']}"])
+  empty = np.zeros(0)
+  inputs_differ = [
+      k for k in sorted(set(ea["inputs"]) | set(eb["inputs"]))
+      if store.digest(arrays_a.get(k, empty)) != store.digest(arrays_b.get(k, empty))
+  ]
+  if inputs_differ:
+    detail = f"inputs differ ({', '.join(inputs_differ)}): not comparable"
+    return Row(name, "FAIL", details=[detail])
+  out_tol = ea["results"].get("output")
+  row = Row(name, "PASS", 0.0, 0.0, Tolerance.from_json(out_tol).describe() if out_tol else "-")
+  for key in sorted(set(ea["results"]) | set(eb["results"])):
+    if key not in ea["results"] or key not in eb["results"]:
+      row.details.append(f"{key}: present in only one baseline")
+      continue
+    tol = Tolerance.from_json(ea["results"][key])
+    verdict = compare_arrays(arrays_b[key], arrays_a[key], tol)
+    row.arrays[key] = {**verdict.to_json(), "tolerance": tol.to_json()}
+    row.max_abs = max(row.max_abs, verdict.max_abs)
+    row.max_rel = max(row.max_rel, verdict.max_rel)
+    if not verdict.passed:
+      row.details.append(f"{key}: {verdict.message} [{tol.describe()}]")
+  if ea["jit_eager_agree"] != eb["jit_eager_agree"]:
+    row.details.append(f"jit/eager agreement {ea['jit_eager_agree']} -> {eb['jit_eager_agree']}")
+  if row.details:
+    row.status = "FAIL"
+  return row
+
+
+# --------------------------------------------------------------------- info
+
+
+def info() -> Report:
+  """The current environment stamp."""
+  return Report(command="info", stamp=collect_stamp())

@@ -1,0 +1,148 @@
+"""Compares arrays under a :class:`~regression.tolerance.Tolerance`.
+
+Rules, in order:
+
+1. Dtypes must be equal (a float32 result where the baseline holds float64 is
+   a change, not a pass) and shapes must be equal.
+2. NaN must be at the same places in both arrays.
+3. Infinities must be equal (same place, same sign).
+4. The finite rest: ``exact`` needs equal values; ``allclose`` needs
+   ``|actual - expected| <= atol + rtol * |expected|``; ``sum`` compares the
+   totals over the spatial axes (per sample and channel) exactly.
+
+The verdict reports the largest absolute and relative error, how many
+elements failed, and the first failing index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from regression.tolerance import Tolerance, is_float
+
+
+@dataclasses.dataclass
+class Verdict:
+  """The outcome of comparing one array with its baseline.
+
+  Attributes:
+    passed: whether every element is within tolerance.
+    max_abs: the largest absolute error over finite elements (0 when equal).
+    max_rel: the largest relative error (``inf`` where the baseline is 0).
+    mismatches: how many elements failed.
+    size: how many elements were compared.
+    message: why it failed ("" when it passed).
+  """
+
+  passed: bool
+  max_abs: float = 0.0
+  max_rel: float = 0.0
+  mismatches: int = 0
+  size: int = 0
+  message: str = ""
+
+  def to_json(self) -> dict[str, Any]:
+    """A JSON-safe dict (infinite errors become the string ``"inf"``)."""
+    data = dataclasses.asdict(self)
+    for key in ("max_abs", "max_rel"):
+      data[key] = json_float(data[key])
+    return data
+
+
+def json_float(value: float | None) -> float | str | None:
+  """A float that JSON can hold: ``inf``/``nan`` become strings."""
+  if value is None or math.isfinite(value):
+    return value
+  return str(value)
+
+
+def _sum_spatial(a: np.ndarray) -> np.ndarray:
+  """Totals over the spatial axes: keeps the first (batch) and last (channel) axis."""
+  if a.ndim >= 3:
+    return a.sum(axis=tuple(range(1, a.ndim - 1)))
+  return a.sum(axis=tuple(range(a.ndim - 1))) if a.ndim >= 2 else a.sum(keepdims=True)
+
+
+def compare_arrays(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> Verdict:
+  """Compares ``actual`` with the baseline's ``expected``.
+
+  Args:
+    actual: the array computed now.
+    expected: the baseline's array.
+    tol: the tolerance to apply.
+
+  Returns:
+    A :class:`Verdict`.
+  """
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  if actual.dtype != expected.dtype:
+    return Verdict(False, math.inf, math.inf, message=(
+        f"dtype {actual.dtype.name} != baseline {expected.dtype.name}"))
+  if actual.shape != expected.shape:
+    return Verdict(False, math.inf, math.inf, message=(
+        f"shape {actual.shape} != baseline {expected.shape}"))
+  if not is_float(actual.dtype):
+    return _compare_exact_ints(actual, expected)
+  a, e = actual.astype(np.float64), expected.astype(np.float64)
+  with np.errstate(all="ignore"):
+    if tol.rule == "sum":
+      a, e = _sum_spatial(a), _sum_spatial(e)
+    return _finish(a, e, tol, exact=tol.rule in ("exact", "sum"))
+
+
+def _compare_exact_ints(actual: np.ndarray, expected: np.ndarray) -> Verdict:
+  """Integers and bools: equal or not, compared in their own dtype (no float rounding)."""
+  bad = actual != expected
+  size = int(actual.size)
+  mismatches = int(bad.sum())
+  diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+  scale = np.abs(expected.astype(np.float64))
+  rel = np.where(diff > 0, np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), np.inf), 0.0)
+  message = ""
+  if mismatches:
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    message = (
+        f"{mismatches} of {size} elements differ (first at {first}: "
+        f"{actual[first]!r} vs baseline {expected[first]!r})"
+    )
+  return Verdict(
+      mismatches == 0, float(diff.max()) if size else 0.0, float(rel.max()) if size else 0.0,
+      mismatches, size, message,
+  )
+
+
+def _finish(a: np.ndarray, e: np.ndarray, tol: Tolerance, *, exact: bool) -> Verdict:
+  size = int(a.size)
+  nan_a, nan_e = np.isnan(a), np.isnan(e)
+  inf_a, inf_e = np.isinf(a), np.isinf(e)
+  bad = nan_a != nan_e
+  bad |= (inf_a | inf_e) & ~(nan_a | nan_e) & (a != e)
+  finite = ~(nan_a | nan_e | inf_a | inf_e)
+  diff = np.where(finite, np.abs(a - e), 0.0)
+  scale = np.abs(e)
+  rel = np.where(finite & (diff > 0), diff / np.where(scale > 0, scale, 0.0), 0.0)
+  if exact:
+    bad |= finite & (diff > 0)
+  else:
+    bad |= finite & (diff > tol.atol + tol.rtol * scale)
+  mismatches = int(bad.sum())
+  max_abs = float(diff.max()) if size else 0.0
+  max_rel = float(rel.max()) if size else 0.0
+  if (bad & ~finite).any():
+    max_abs = max_rel = math.inf
+  message = ""
+  if mismatches:
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    message = (
+        f"{mismatches} of {size} elements differ (first at {first}: "
+        f"{_show(a[first])} vs baseline {_show(e[first])})"
+    )
+  return Verdict(mismatches == 0, max_abs, max_rel, mismatches, size, message)
+
+
+def _show(value: float) -> str:
+  return f"{float(value):.9g}"

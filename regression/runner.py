@@ -1,0 +1,280 @@
+"""Runs one case: jit and eager results, gradients for a fixed cotangent, timing.
+
+Everything a case computes is returned as NumPy arrays keyed by role:
+
+* ``output`` / ``output_eager``: the result under ``jax.jit`` and eagerly;
+* ``indices`` / ``indices_eager``: argmax indices, for modules that return them;
+* ``grad/input`` and ``grad/params/<path>``: the VJP for the stored cotangent.
+
+What the case consumes is returned too, so a recording can store it:
+``input``, ``cotangent`` and ``weights/<path>`` (an ``nnx.Param`` each).
+
+Timing separates compile time (``lower`` + ``compile``) from the steady state:
+the median of repeated calls after two warmup calls, each ended by
+``block_until_ready``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from regression.batch import Case
+from regression.compare import compare_arrays
+from regression.inputs import make_cotangent, make_input
+from regression.tolerance import Tolerance, is_float, tolerance_for
+
+Apply = Callable[..., Any]
+
+_RESULT_ROLES = (
+    ("output", "output"),
+    ("indices", "indices"),
+    ("grad/input", "grad_input"),
+    ("grad/params/", "grad_params"),
+)
+
+
+def role_of(key: str) -> str:
+  """The tolerance role of a result key (``output_eager`` -> ``output``)."""
+  for prefix, role in _RESULT_ROLES:
+    if key.startswith(prefix):
+      return role
+  raise ValueError(f"`key` is not a result key; got {key!r}.")
+
+
+@dataclasses.dataclass
+class Execution:
+  """What running a case produced.
+
+  Attributes:
+    results: result arrays by key (``output``, ``grad/input``, ...).
+    inputs: consumed arrays by key (``input``, ``cotangent``, ``weights/...``).
+    tolerances: the tolerance of each result key.
+    jit_eager_agree: whether jit and eager results agree within tolerance.
+    compile_s: seconds to lower and compile the forward pass.
+    steady_s: median seconds per forward call after warmup.
+    raised: for an error case, ``{"type": ..., "message": ...}`` of what was raised.
+    error: an unexpected failure, as ``Type: message``; None when it ran.
+  """
+
+  results: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  tolerances: dict[str, Tolerance] = dataclasses.field(default_factory=dict)
+  jit_eager_agree: bool | None = None
+  compile_s: float | None = None
+  steady_s: float | None = None
+  raised: dict[str, str] | None = None
+  error: str | None = None
+
+
+def to_numpy(x: Any) -> np.ndarray:
+  """A host NumPy copy of an array (bfloat16 stays bfloat16)."""
+  return np.asarray(jax.device_get(x))
+
+
+def split_callable(obj: Any) -> tuple[Apply, Any]:
+  """Turns an NNX module or a function into ``apply(params, *inputs)`` and its params.
+
+  A module is split into its ``nnx.Param`` state and everything else; each call
+  merges a fresh copy, so calls never mutate the caller's module.
+
+  Args:
+    obj: an ``nnx.Module`` or a callable of arrays.
+
+  Returns:
+    ``(apply, params)``; ``params`` is an ``nnx.State`` or None for a function.
+  """
+  if isinstance(obj, nnx.Module):
+    graphdef, params, rest = nnx.split(obj, nnx.Param, ...)
+
+    def apply(params, *xs):
+      return nnx.merge(graphdef, params, rest)(*xs)
+
+    return apply, params
+  if callable(obj):
+    return (lambda params, *xs: obj(*xs)), None
+  raise TypeError(f"`obj` must be an nnx.Module or a callable; got {type(obj).__name__}.")
+
+
+def _path(path) -> str:
+  text = jax.tree_util.keystr(path, simple=True, separator="/")
+  return re.sub(r"/value$", "", text) or "value"
+
+
+def param_arrays(params: Any) -> dict[str, np.ndarray]:
+  """Flattens a params pytree to ``{"fc1/kernel": array}``."""
+  if params is None:
+    return {}
+  leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+  return {_path(p): to_numpy(v) for p, v in leaves}
+
+
+def with_params(params: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+  """Replaces every leaf of ``params`` by the stored array of the same path.
+
+  Raises:
+    ValueError: the stored weights do not match the module's parameters.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  paths = [_path(p) for p, _ in leaves]
+  if sorted(paths) != sorted(arrays):
+    raise ValueError(
+        f"stored weights {sorted(arrays)} do not match the module's parameters {sorted(paths)}."
+    )
+  new = []
+  for path, (_, leaf) in zip(paths, leaves, strict=True):
+    stored = arrays[path]
+    if tuple(stored.shape) != tuple(leaf.shape) or stored.dtype != np.dtype(leaf.dtype):
+      raise ValueError(
+          f"stored weight {path!r} is {stored.dtype}{list(stored.shape)} but the module's is "
+          f"{np.dtype(leaf.dtype)}{list(leaf.shape)}."
+      )
+    new.append(jnp.asarray(stored))
+  return jax.tree_util.tree_unflatten(treedef, new)
+
+
+def compile_and_time(
+    apply: Apply, args: tuple, *, reps: int = 20, budget_s: float = 0.05
+) -> tuple[Any, float, float]:
+  """Compiles ``apply`` for ``args`` and times it.
+
+  Args:
+    apply: the function to jit.
+    args: its arguments (already on the device).
+    reps: the most timed calls after warmup (at least 3 are made).
+    budget_s: stop timing once this many seconds were spent.
+
+  Returns:
+    ``(jit result, compile seconds, median steady-state seconds)``.
+  """
+  start = time.perf_counter()
+  compiled = jax.jit(apply).lower(*args).compile()
+  compile_s = time.perf_counter() - start
+  out = jax.block_until_ready(compiled(*args))
+  jax.block_until_ready(compiled(*args))
+  times = []
+  for _ in range(max(reps, 3)):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - start)
+    if len(times) >= 3 and sum(times) > budget_s:
+      break
+  return out, compile_s, statistics.median(times)
+
+
+def _describe_error(e: BaseException) -> str:
+  first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  return f"{type(e).__name__}: {first}"
+
+
+def _expect_raise(case: Case, apply: Apply, params: Any, x: jax.Array, run: Execution) -> None:
+  spec = case.raises
+  try:
+    apply(params, x)
+  except Exception as e:  # noqa: BLE001 - the point is to see what is raised
+    run.raised = {"type": type(e).__name__, "message": str(e)}
+    if type(e).__name__ != spec.type:
+      run.error = f"raises {type(e).__name__} instead of {spec.type}: {_describe_error(e)}"
+    elif not re.search(spec.pattern, str(e)):
+      run.error = f"the {spec.type} message no longer matches {spec.pattern!r}: {str(e)!r}"
+    return
+  run.error = f"no longer raises {spec.type} (matching {spec.pattern!r})"
+
+
+def _split_output(case: Case, out: Any) -> dict[str, Any]:
+  if not case.indices:
+    return {"output": out}
+  if not (isinstance(out, tuple) and len(out) == 2):
+    raise TypeError(
+        f"case {case.name!r} declares indices but the module returned {type(out).__name__}."
+    )
+  return {"output": out[0], "indices": out[1]}
+
+
+def run_case(
+    case: Case, stored: Mapping[str, np.ndarray] | None = None, *, reps: int = 20
+) -> Execution:
+  """Runs one case.
+
+  Args:
+    case: the case.
+    stored: the case's stored inputs from a baseline (``input``, and where
+      present ``cotangent`` and ``weights/...``); None generates them.
+    reps: the most timed steady-state calls.
+
+  Returns:
+    An :class:`Execution`; an unexpected exception is caught into ``error``.
+  """
+  run = Execution()
+  try:
+    _run(case, dict(stored or {}), run, reps)
+  except Exception as e:  # noqa: BLE001 - reported as the case's status
+    run.error = _describe_error(e)
+  return run
+
+
+def _run(case: Case, stored: dict[str, np.ndarray], run: Execution, reps: int) -> None:
+  x_np = stored["input"] if "input" in stored else make_input(case.input, case.dtype)
+  run.inputs["input"] = x_np
+  apply, params = split_callable(case.build())
+  weights = {k.removeprefix("weights/"): v for k, v in stored.items() if k.startswith("weights/")}
+  if params is not None and weights:
+    params = with_params(params, weights)
+  run.inputs.update({f"weights/{k}": v for k, v in param_arrays(params).items()})
+  x = jnp.asarray(x_np)
+  if case.raises is not None:
+    _expect_raise(case, apply, params, x, run)
+    return
+  out_jit, run.compile_s, run.steady_s = compile_and_time(apply, (params, x), reps=reps)
+  out_eager = apply(params, x)
+  for key, value in _split_output(case, out_jit).items():
+    run.results[key] = to_numpy(value)
+  for key, value in _split_output(case, out_eager).items():
+    run.results[f"{key}_eager"] = to_numpy(value)
+  if case.grad and is_float(x_np.dtype):
+    _gradients(case, apply, params, x, stored, run)
+  for key, value in run.results.items():
+    run.tolerances[key] = tolerance_for(case.tolerance, role_of(key), value.dtype)
+  agree = True
+  for key in ("output", "indices"):
+    if key in run.results:
+      verdict = compare_arrays(run.results[f"{key}_eager"], run.results[key], run.tolerances[key])
+      agree = agree and verdict.passed
+  run.jit_eager_agree = agree
+
+
+def _gradients(
+    case: Case, apply: Apply, params: Any, x: jax.Array, stored: Mapping[str, np.ndarray],
+    run: Execution,
+) -> None:
+  values = run.results["output"]
+  ct_np = stored.get("cotangent")
+  if ct_np is None:
+    ct_np = make_cotangent(values.shape, values.dtype)
+  run.inputs["cotangent"] = ct_np
+  ct = jnp.asarray(ct_np)
+
+  def primal(p, x):
+    out = apply(p, x)
+    return out[0] if case.indices else out
+
+  def vjp(p, x, ct):
+    if case.params and p is not None:
+      _, pull = jax.vjp(primal, p, x)
+      return pull(ct)
+    _, pull = jax.vjp(lambda x: primal(p, x), x)
+    return None, pull(ct)[0]
+
+  grad_params, grad_x = jax.jit(vjp)(params, x, ct)
+  run.results["grad/input"] = to_numpy(grad_x)
+  for path, value in param_arrays(grad_params).items():
+    run.results[f"grad/params/{path}"] = value

@@ -1,0 +1,171 @@
+"""The environment stamp: everything that can move a number between two runs.
+
+A stamp records package versions, the JAX backend, the JAX configuration that
+changes numerics, every ``JAX_*``/``XLA_*`` environment variable, the date and
+the git revision. :func:`stamp_changes` lists what differs between two stamps
+in a form a report can print next to the numeric drift (``jax 0.9.2 -> 0.10.2``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# Distribution name, then the module to ask for __version__ when it is not installed.
+_PACKAGES = (
+    ("numpy", "numpy"),
+    ("jax", "jax"),
+    ("jaxlib", "jaxlib"),
+    ("flax", "flax"),
+    ("chex", "chex"),
+    ("ml_dtypes", "ml_dtypes"),
+    ("nnx-pool", "nnx_pool"),
+)
+_CONFIG = ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable")
+_ENV_PREFIXES = ("JAX_", "XLA_")
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _version(dist: str, module: str) -> str:
+  try:
+    return importlib.metadata.version(dist)
+  except importlib.metadata.PackageNotFoundError:
+    pass
+  try:
+    return str(getattr(importlib.import_module(module), "__version__", "unknown"))
+  except Exception as e:  # noqa: BLE001 - a broken package is a fact to record
+    return f"not importable ({type(e).__name__})"
+
+
+def _git(where: Path, *args: str) -> str | None:
+  try:
+    done = subprocess.run(
+        ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10, check=False
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_revision(where: str | os.PathLike | None = None) -> dict[str, Any]:
+  """The git commit of the checkout at ``where`` (default: this package's), and if it is dirty."""
+  where = Path(where) if where is not None else _REPO
+  rev = _git(where, "rev-parse", "HEAD")
+  if rev is None:
+    return {"revision": None, "dirty": None}
+  status = _git(where, "status", "--porcelain", "--untracked-files=no")
+  return {"revision": rev, "dirty": bool(status) if status is not None else None}
+
+
+def collect_stamp(git_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+  """Collects the stamp of the running environment (imports JAX).
+
+  Args:
+    git_dir: the checkout whose revision is recorded (default: the one holding
+      this package; the pytest fixture passes the user's project root).
+
+  Returns:
+    A JSON-serializable dict with ``versions``, ``backend``, ``config``,
+    ``env``, ``date`` and ``git``.
+  """
+  import jax
+
+  versions = {"python": platform.python_version()}
+  for dist, module in _PACKAGES:
+    versions[module] = _version(dist, module)
+  devices = jax.devices()
+  backend = {
+      "platform": devices[0].platform,
+      "device_kind": devices[0].device_kind,
+      "device_count": len(devices),
+      "python_implementation": sys.implementation.name,
+      "machine": platform.machine(),
+  }
+  config = {}
+  for name in _CONFIG:
+    value = getattr(jax.config, name, None)
+    config[name] = value if isinstance(value, (bool, int, float, type(None))) else str(value)
+  env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
+  date = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+  return {
+      "versions": versions,
+      "backend": backend,
+      "config": config,
+      "env": env,
+      "date": date,
+      "git": git_revision(git_dir),
+  }
+
+
+def _flat(stamp: Mapping[str, Any]) -> dict[str, Any]:
+  flat = {}
+  for section in ("versions", "backend", "config", "env", "git"):
+    values = stamp.get(section) or {}
+    if isinstance(values, Mapping):
+      for key, value in values.items():
+        flat[(section, key)] = value
+  return flat
+
+
+def _label(section: str, key: str) -> str:
+  if section == "env":
+    return f"env {key}"
+  if section == "git":
+    return f"git {key}"
+  return key
+
+
+def _show(section: str, key: str, value: Any) -> str:
+  if value is None and section == "env":
+    return "unset"
+  if section == "git" and key == "revision" and isinstance(value, str):
+    return value[:12]
+  return str(value)
+
+
+def stamp_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+  """Lists what differs between two stamps, one line each, dates excluded.
+
+  Args:
+    old: the baseline's stamp.
+    new: the current (or second) stamp.
+
+  Returns:
+    Lines like ``jax 0.9.2 -> 0.10.2`` or ``env XLA_FLAGS unset -> --xla_foo``.
+  """
+  a, b = _flat(old), _flat(new)
+  lines = []
+  for key in sorted(set(a) | set(b), key=lambda k: (_order(k[0]), k[1])):
+    if a.get(key) != b.get(key):
+      section, name = key
+      lines.append(
+          f"{_label(section, name)} {_show(section, name, a.get(key))} -> "
+          f"{_show(section, name, b.get(key))}"
+      )
+  return lines
+
+
+def _order(section: str) -> int:
+  return ("versions", "backend", "config", "env", "git").index(section)
+
+
+def format_stamp(stamp: Mapping[str, Any]) -> str:
+  """Renders a stamp as aligned ``key: value`` lines for ``info``."""
+  lines = []
+  for section in ("versions", "backend", "config", "env", "git"):
+    values = stamp.get(section) or {}
+    lines.append(f"{section}:")
+    if not values:
+      lines.append("  (none)")
+    for key, value in values.items():
+      lines.append(f"  {key:<30} {value}")
+  lines.append(f"date: {stamp.get('date')}")
+  return "\n".join(lines)

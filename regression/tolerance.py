@@ -1,0 +1,281 @@
+"""Tolerance policy: what counts as "the same number" for each kind of result.
+
+A tolerance is resolved from three things: the *kind* of computation a case
+performs (a selection, a window reduction, a gate, a user's model), the *role*
+of the array (an output, argmax indices, a gradient) and its *dtype*. Every
+tolerance carries the reason it was chosen, and both are written into the
+baseline and shown in every report.
+
+Comparison is ``|actual - expected| <= atol + rtol * |expected|`` per element,
+after NaN positions must agree and infinities must be equal (see
+:mod:`regression.compare`).
+
+Where the numbers come from (``eps`` is the dtype's machine epsilon:
+float64 2.2e-16, float32 1.2e-7, float16 9.8e-4, bfloat16 7.8e-3):
+
+* **Selections** (max, min, argmax indices) are exact: they only pick an input
+  value, so there is no rounding to forgive.
+* **Window reductions** (average, LP) forward: JAX's own forward test tolerances
+  for float32, float16 and bfloat16 (1e-6, 1e-3, 1e-2). Two summation orders
+  of a window of k elements differ by at most ``2 (k - 1) u`` of the window's
+  absolute sum (u = eps / 2); for the batch's largest window (3x3) that is
+  ``8 eps`` = 9.5e-7 in float32, under 1e-6. float16 and bfloat16 are summed in
+  float32 and rounded once, so they move by at most one ulp (2**-10 and 2**-7
+  relative), under 1e-3 and 1e-2. JAX's float64 1e-15 is *below* the 3x3
+  bound (1.8e-15), so float64 gets 1e-13. ``atol`` equals ``rtol`` because the
+  batch's inputs are of order one, where a mean near zero loses relative but
+  not absolute accuracy.
+* **Whole-map means** (global and adaptive pooling with large bins): the same
+  reordering bound for up to 80 cells is ``2 * 79 u`` = 9.4e-6 in float32, so
+  float32 gets 1e-5 and float64 1e-12; float16 and bfloat16 are still one
+  rounding of a float32 sum (1e-3, 1e-2).
+* **Window reductions on extreme magnitudes** use the same ``rtol`` with
+  ``atol`` set to the dtype's smallest normal number: same-signed windows
+  cannot cancel, so the error is relative, and below the smallest normal a
+  float has no relative precision left.
+* **Gradients** compare autodiff with autodiff, so only rounding differs. JAX's
+  gradient column (float32 2e-3) is sized for finite-difference checks and
+  would hide real drift. Measured against a float64 run of the same modules
+  (average and LP, every batch configuration), our float32, float16 and
+  bfloat16 gradients err by at most 0.35x the forward tolerance; two
+  implementations can then differ by 0.7x. We use 4x the forward tolerance
+  (float64 4e-13, float32 4e-6, float16 4e-3, bfloat16 4e-2).
+* **Gates** (global mean over the map, two small matmuls, a sigmoid, a product)
+  chain more operations than a window: 10x the window forward tolerance in
+  float64 and float32, 5x in float16 and bfloat16; gradients 4x that, capped at
+  JAX's gradient numbers (1e-2 float16, 1e-1 bfloat16).
+* **User models** (the pytest fixture) use the gate numbers unless the test
+  passes ``rtol``/``atol``.
+* **Integers and bools** are always exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import ml_dtypes
+import numpy as np
+
+Role = Literal["output", "indices", "grad_input", "grad_params"]
+ROLES: tuple[str, ...] = ("output", "indices", "grad_input", "grad_params")
+
+# Kinds of tolerance a case may declare; see the module docstring.
+KINDS: tuple[str, ...] = (
+    "select", "select_ties", "exact_sum", "window", "window_rel", "global", "gate", "model",
+)
+
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+# (forward, gradient) rtol per floating dtype.
+_WINDOW = {
+    "float64": (1e-13, 4e-13),
+    "float32": (1e-6, 4e-6),
+    "float16": (1e-3, 4e-3),
+    "bfloat16": (1e-2, 4e-2),
+}
+_GLOBAL = {
+    "float64": (1e-12, 4e-12),
+    "float32": (1e-5, 4e-5),
+    "float16": (1e-3, 4e-3),
+    "bfloat16": (1e-2, 4e-2),
+}
+_GATE = {
+    "float64": (1e-12, 4e-12),
+    "float32": (1e-5, 4e-5),
+    "float16": (5e-3, 1e-2),
+    "bfloat16": (5e-2, 1e-1),
+}
+
+_REASONS = {
+    "exact_select": "exact: max/min select an input value, there is no rounding",
+    "exact_indices": "exact: indices are integers",
+    "exact_int": "exact: integer and bool results have no rounding",
+    "exact_sum": (
+        "exact: integer-valued inputs sum exactly in any order, so an average is "
+        "one correctly rounded division"
+    ),
+    "ties": (
+        "sum per (sample, channel), exact: the input has ties, and which tied element "
+        "gets the gradient is implementation-specific"
+    ),
+    "window_fwd": (
+        "window average/LP forward: JAX's forward tolerance for this dtype; covers "
+        "reordering a 3x3 window sum (8 eps in float32) and one rounding of a "
+        "float32-accumulated low-precision result"
+    ),
+    "global_fwd": (
+        "mean over a whole map or a large bin: reordering up to 80 float32 terms "
+        "(9.4e-6), one rounding of a float32 sum in float16/bfloat16"
+    ),
+    "global_grad": "mean gradient: 4x the forward tolerance, as for windows",
+    "window_rel": (
+        "window forward on extreme magnitudes: relative only (same-signed windows "
+        "cannot cancel), atol = smallest normal"
+    ),
+    "window_grad": (
+        "window gradient: autodiff vs autodiff, 4x the forward tolerance (measured "
+        "error against float64 is at most 0.35x forward)"
+    ),
+    "gate_fwd": (
+        "gate forward: global mean, two matmuls, sigmoid and product; 10x the "
+        "window tolerance in float32/64, 5x in float16/bfloat16"
+    ),
+    "gate_grad": "gate gradient: 4x the gate forward, capped at JAX's gradient tolerance",
+    "model_fwd": "user model forward: the gate tolerance for this dtype (override with rtol/atol)",
+    "model_grad": "user model gradient: the gate gradient tolerance for this dtype",
+    "user": "set by the test",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+  """How two arrays are compared, and why.
+
+  Attributes:
+    rule: ``"exact"`` (equal values), ``"allclose"`` (``atol + rtol * |expected|``)
+      or ``"sum"`` (totals per sample and channel compared exactly).
+    rtol: relative tolerance (0 unless ``rule == "allclose"``).
+    atol: absolute tolerance (0 unless ``rule == "allclose"``).
+    reason: one sentence saying why these numbers.
+  """
+
+  rule: Literal["exact", "allclose", "sum"]
+  rtol: float = 0.0
+  atol: float = 0.0
+  reason: str = ""
+
+  def __post_init__(self):
+    if self.rule not in ("exact", "allclose", "sum"):
+      raise ValueError(
+          f"`rule` must be 'exact', 'allclose' or 'sum'; got {self.rule!r}."
+      )
+    if not (self.rtol >= 0 and self.atol >= 0):
+      raise ValueError(
+          f"`rtol` and `atol` must be non-negative; got rtol={self.rtol!r}, atol={self.atol!r}."
+      )
+
+  def describe(self) -> str:
+    """A short label for tables, e.g. ``exact`` or ``rtol=1e-06 atol=1e-06``."""
+    if self.rule == "allclose":
+      return f"rtol={self.rtol:.0e} atol={self.atol:.0e}"
+    return "exact" if self.rule == "exact" else "sum exact"
+
+  def to_json(self) -> dict[str, Any]:
+    """The JSON form stored in a manifest."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_json(cls, data: Mapping[str, Any]) -> Tolerance:
+    """Reads the form written by :meth:`to_json`."""
+    if not isinstance(data, Mapping):
+      raise TypeError(f"`data` must be a mapping; got {type(data).__name__}.")
+    return cls(
+        rule=data["rule"], rtol=float(data["rtol"]), atol=float(data["atol"]),
+        reason=str(data["reason"]),
+    )
+
+
+EXACT = Tolerance("exact", reason=_REASONS["exact_int"])
+
+
+def dtype_name(dtype) -> str:
+  """The canonical name of a NumPy or ml_dtypes dtype, e.g. ``"bfloat16"``."""
+  return np.dtype(dtype).name
+
+
+def is_float(dtype) -> bool:
+  """Whether ``dtype`` is a floating dtype (including bfloat16 and float16)."""
+  dt = np.dtype(dtype)
+  return np.issubdtype(dt, np.floating) or dt == np.dtype(ml_dtypes.bfloat16)
+
+
+def _float_key(dtype) -> str:
+  name = dtype_name(dtype)
+  if name in _FLOATS:
+    return name
+  # Other ml_dtypes floats (float8_*) are treated as the coarsest known float.
+  return "bfloat16"
+
+
+def _tiny(dtype) -> float:
+  return float(ml_dtypes.finfo(np.dtype(dtype)).tiny)
+
+
+def tolerance_for(
+    kind: str,
+    role: str,
+    dtype,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Tolerance:
+  """Resolves the tolerance for one array.
+
+  Args:
+    kind: the case's kind of tolerance, one of :data:`KINDS`.
+    role: the array's role, one of :data:`ROLES`.
+    dtype: the array's dtype.
+    rtol: overrides the relative tolerance of a floating result (user tests).
+    atol: overrides the absolute tolerance of a floating result (user tests).
+
+  Returns:
+    The :class:`Tolerance`, with its reason.
+  """
+  if kind not in KINDS:
+    raise ValueError(f"`kind` must be one of {KINDS}; got {kind!r}.")
+  if role not in ROLES:
+    raise ValueError(f"`role` must be one of {ROLES}; got {role!r}.")
+  if role == "indices":
+    return Tolerance("exact", reason=_REASONS["exact_indices"])
+  if not is_float(dtype):
+    return EXACT
+  grad = role in ("grad_input", "grad_params")
+  key = _float_key(dtype)
+  if kind in ("select", "select_ties"):
+    if grad and kind == "select_ties":
+      return Tolerance("sum", reason=_REASONS["ties"])
+    # A max/min gradient scatters the (integer-valued) cotangent onto the selected
+    # elements; small integers add exactly in any order.
+    return Tolerance("exact", reason=_REASONS["exact_select"])
+  if kind == "exact_sum" and not grad:
+    return Tolerance("exact", reason=_REASONS["exact_sum"])
+  if kind == "global":
+    fwd, bwd = _GLOBAL[key]
+    value = bwd if grad else fwd
+    return Tolerance("allclose", value, value, _REASONS["global_grad" if grad else "global_fwd"])
+  if kind in ("window", "window_rel", "exact_sum"):
+    fwd, bwd = _WINDOW[key]
+    if grad:
+      return Tolerance("allclose", bwd, bwd, _REASONS["window_grad"])
+    if kind == "window_rel":
+      return Tolerance("allclose", fwd, _tiny(dtype), _REASONS["window_rel"])
+    return Tolerance("allclose", fwd, fwd, _REASONS["window_fwd"])
+  fwd, bwd = _GATE[key]
+  value = bwd if grad else fwd
+  if kind == "gate":
+    return Tolerance("allclose", value, value, _REASONS["gate_grad" if grad else "gate_fwd"])
+  # kind == "model"
+  if rtol is not None or atol is not None:
+    return Tolerance(
+        "allclose", value if rtol is None else float(rtol), value if atol is None else float(atol),
+        _REASONS["user"],
+    )
+  return Tolerance("allclose", value, value, _REASONS["model_grad" if grad else "model_fwd"])
+
+
+def policy_table() -> list[dict[str, Any]]:
+  """The per-dtype numbers, for documentation and ``info``."""
+  rows = []
+  for name in _FLOATS:
+    rows.append({
+        "dtype": name,
+        "window_forward": _WINDOW[name][0],
+        "window_gradient": _WINDOW[name][1],
+        "global_forward": _GLOBAL[name][0],
+        "global_gradient": _GLOBAL[name][1],
+        "gate_forward": _GATE[name][0],
+        "gate_gradient": _GATE[name][1],
+    })
+  return rows

@@ -1,0 +1,376 @@
+"""Tests for the regression CLI (record, check, diff, info) against a small stand-in batch.
+
+The stand-in cases are plain JAX functions and one ``nnx.Linear`` (for stored
+weights and parameter gradients), so these tests do not depend on the pooling
+modules; tests/test_regression_batch.py runs the real batch.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from regression import cli, commands, store
+from regression.batch import Batch, Case, ErrorSpec
+
+FAST = 3  # timed steady-state calls per case in these tests
+
+
+def _max_pool(x):
+  return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+
+def _mean_pool(x):
+  return jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "VALID") / 9
+
+
+def _max_with_argmax(x):
+  n, h, w, c = x.shape
+  patches = x.reshape(n, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4).reshape(
+      n, h // 2, w // 2, c, 4)
+  return patches.max(-1), jnp.argmax(patches, -1).astype(jnp.int32)
+
+
+def _refuse_rank(x):
+  if x.ndim != 4:
+    raise ValueError(f"`inputs` must be channels-last (N, H, W, C); got shape {x.shape}.")
+  return x
+
+
+def standin_cases(extra: tuple = ()) -> list:
+  return [
+      Case("standin_max", lambda: _max_pool, input="one", tolerance="select", module="fn"),
+      Case("standin_mean", lambda: _mean_pool, input="batch", module="fn"),
+      Case("standin_mean_bf16", lambda: _mean_pool, input="batch", dtype="bfloat16", module="fn"),
+      Case("standin_argmax", lambda: _max_with_argmax, input="one", tolerance="select",
+           indices=True, module="fn"),
+      Case("standin_linear", lambda: nnx.Linear(2, 3, rngs=nnx.Rngs(0)), input="one",
+           tolerance="gate", params=True, module="Linear"),
+      Case("standin_bad_rank", lambda: _refuse_rank, input="bad_rank", module="fn",
+           raises=ErrorSpec("ValueError", "must be channels-last")),
+      *extra,
+  ]
+
+
+def _batch(cases=None):
+  return lambda: Batch(cases=standin_cases() if cases is None else cases)
+
+
+def _main(argv, cases=None) -> int:
+  return cli.main(argv, batch=_batch(cases))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+  out = tmp_path_factory.mktemp("recorded") / "baseline"
+  report = commands.record(standin_cases(), out, reps=FAST)
+  assert report.exit_code == 0, report.rows
+  return out
+
+
+@pytest.fixture
+def baseline(recorded, tmp_path) -> Path:
+  out = tmp_path / "baseline"
+  shutil.copytree(recorded, out)
+  return out
+
+
+def _snapshot(path: Path) -> dict:
+  return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def _rewrite(path: Path, mutate) -> None:
+  """Re-records ``path`` with arrays changed by ``mutate`` (a legitimately different baseline)."""
+  base = store.read_baseline(path)
+  arrays = dict(base.arrays)
+  mutate(arrays, base.manifest)
+  fields = {k: v for k, v in base.manifest.items()
+            if k not in ("format", "format_version", "arrays", "manifest_sha256")}
+  store.write_baseline(path, fields, arrays, force=True)
+
+
+# ------------------------------------------------------------------ check
+
+
+def test_cli_check_passes_against_its_own_recording(baseline, capsys, tmp_path):
+  code = _main(["check", "--baseline", str(baseline), "--json", str(tmp_path / "r.json")])
+  out = capsys.readouterr().out
+  assert code == 0, out
+  assert out.splitlines()[0].split() == ["case", "max", "abs", "err", "max", "rel", "err",
+                                         "tolerance", "status"]
+  assert "6 cases: 6 pass" in out
+  assert "environment changes" in out and "(none)" in out
+  report = json.loads((tmp_path / "r.json").read_text())
+  assert report["exit_code"] == 0 and report["counts"] == {"PASS": 6}
+  linear = next(r for r in report["rows"] if r["case"] == "standin_linear")
+  assert {"output", "output_eager", "grad/input", "grad/params/kernel", "grad/params/bias"} <= set(
+      linear["arrays"])
+
+
+def test_cli_check_names_the_case_with_one_perturbed_number(baseline, capsys):
+  def bump(arrays, manifest):
+    out = arrays["standin_mean/output"].copy()
+    out.flat[5] += np.float32(1e-3)
+    arrays["standin_mean/output"] = out
+
+  _rewrite(baseline, bump)
+  code = _main(["check", "--baseline", str(baseline)])
+  out = capsys.readouterr().out
+  assert code == 1
+  rows = {line.split()[0]: line.split()[-1] for line in out.splitlines()[1:7]}
+  assert rows["standin_mean"] == "FAIL"
+  assert [c for c, s in rows.items() if s != "PASS"] == ["standin_mean"]
+  assert "standin_mean: output: 1 of 96 elements differ (first at (0, 0, 2, 1)" in out
+  assert "[rtol=1e-06 atol=1e-06]" in out
+
+
+def test_cli_check_dry_run_reports_drift_and_exits_zero(baseline, capsys):
+  _rewrite(baseline, lambda a, m: a.__setitem__("standin_max/output", a["standin_max/output"] + 1))
+  assert _main(["check", "--baseline", str(baseline), "--dry-run", "-k", "standin_max"]) == 0
+  out = capsys.readouterr().out
+  assert "standin_max" in out and "FAIL" in out
+  assert "dry run: the drift above is reported, exit code 0" in out
+
+
+def test_cli_check_reports_new_and_gone_cases(baseline, capsys):
+  cases = standin_cases()[1:] + [Case("standin_new", lambda: _max_pool, input="one",
+                                      tolerance="select")]
+  code = _main(["check", "--baseline", str(baseline)], cases)
+  out = capsys.readouterr().out
+  assert code == 1
+  assert "standin_new: not in the baseline; re-record it" in out
+  assert "standin_max: in the baseline but no longer in the batch" in out
+
+
+def test_cli_check_reports_a_changed_declaration_as_stale(baseline, capsys):
+  cases = standin_cases()
+  cases[0] = Case("standin_max", lambda: _max_pool, input="one", dtype="bfloat16",
+                  tolerance="select", module="fn")
+  assert _main(["check", "--baseline", str(baseline), "-k", "standin_max"], cases) == 1
+  out = capsys.readouterr().out
+  assert "STALE" in out and "dtype 'float32' -> 'bfloat16'" in out
+
+
+def test_cli_check_fails_when_an_error_case_stops_raising(baseline, capsys):
+  cases = standin_cases()
+  cases[5] = Case("standin_bad_rank", lambda: (lambda x: x), input="bad_rank", module="fn",
+                  raises=ErrorSpec("ValueError", "must be channels-last"))
+  assert _main(["check", "--baseline", str(baseline), "-k", "bad_rank"], cases) == 1
+  out = capsys.readouterr().out
+  assert "standin_bad_rank: no longer raises ValueError" in out
+
+
+def test_cli_check_k_selects_cases_and_ignores_the_rest(baseline, capsys):
+  assert _main(["check", "--baseline", str(baseline), "-k", "standin_mean*"]) == 0
+  out = capsys.readouterr().out
+  assert "2 cases: 2 pass" in out and "standin_max" not in out
+
+
+def test_cli_check_reads_inputs_from_the_baseline(baseline, capsys, monkeypatch):
+  # If check regenerated inputs, this poisoned generator would change every output.
+  from regression import runner
+
+  monkeypatch.setattr(runner, "make_input", lambda *a: pytest.fail("check regenerated an input"))
+  assert _main(["check", "--baseline", str(baseline)]) == 0
+
+
+def test_cli_check_uses_the_stored_weights_not_a_fresh_init(baseline, capsys):
+  cases = standin_cases()
+  cases[4] = Case("standin_linear", lambda: nnx.Linear(2, 3, rngs=nnx.Rngs(123)), input="one",
+                  tolerance="gate", params=True, module="Linear")
+  assert _main(["check", "--baseline", str(baseline), "-k", "linear"], cases) == 0
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("truncated", "arrays.npz is truncated or damaged"),
+        ("edited_manifest", "manifest.json was edited after recording"),
+        ("wrong_dtype", "is stored as float64 but manifest.json says float32"),
+        ("missing_key", "listed in manifest.json is missing from arrays.npz"),
+        ("object_array", "holds an object array; refusing to unpickle it"),
+        ("newer_format", "format version 2 is newer than this nnx-pool reads (1)"),
+        ("missing", "no such directory"),
+    ],
+)
+def test_cli_check_damaged_baseline_exits_2_and_overwrites_nothing(
+    baseline, capsys, tmp_path, damage, message
+):
+  npz, manifest_path = baseline / "arrays.npz", baseline / "manifest.json"
+  with np.load(npz, allow_pickle=False) as f:
+    raw = {k: f[k] for k in f.files}
+  if damage == "truncated":
+    npz.write_bytes(npz.read_bytes()[:1000])
+  elif damage == "edited_manifest":
+    manifest = json.loads(manifest_path.read_text())
+    manifest["cases"]["standin_mean"]["results"]["output"]["rtol"] = 0.5
+    manifest_path.write_text(json.dumps(manifest))
+  elif damage in ("wrong_dtype", "missing_key", "object_array"):
+    if damage == "wrong_dtype":
+      raw["standin_mean/output"] = raw["standin_mean/output"].astype(np.float64)
+    elif damage == "missing_key":
+      del raw["standin_max/output"]
+    else:
+      raw["standin_max/output"] = np.array([object()], dtype=object)
+    with open(npz, "wb") as f:
+      np.savez(f, **raw)
+  elif damage == "newer_format":
+    manifest = json.loads(manifest_path.read_text())
+    manifest["format_version"] = 2
+    manifest_path.write_text(json.dumps(manifest))
+  elif damage == "missing":
+    shutil.rmtree(baseline)
+  before = _snapshot(baseline) if baseline.exists() else None
+  code = _main(["check", "--baseline", str(baseline), "--json", str(tmp_path / "r.json")])
+  captured = capsys.readouterr()
+  assert code == 2
+  assert captured.out == ""
+  (line,) = captured.err.splitlines()
+  assert line.startswith(f"error: baseline {baseline}: ") and message in line
+  assert json.loads((tmp_path / "r.json").read_text())["error"] == line.removeprefix("error: ")
+  if before is not None:
+    assert _snapshot(baseline) == before
+
+
+def test_cli_check_refuses_a_pytest_fixture_baseline(tmp_path, capsys):
+  store.write_baseline(tmp_path / "b", {"kind": "pytest", "stamp": {}}, {})
+  assert _main(["check", "--baseline", str(tmp_path / "b")]) == 2
+  assert "not a 'batch' baseline" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- record
+
+
+def test_cli_record_refuses_to_overwrite_without_force(baseline, capsys):
+  before = _snapshot(baseline)
+  assert _main(["record", "--out", str(baseline)]) == 2
+  assert "exists; pass --force" in capsys.readouterr().err
+  assert _snapshot(baseline) == before
+
+
+def test_cli_record_force_replaces_and_keeps_the_stored_inputs(baseline, capsys, monkeypatch):
+  before = store.read_baseline(baseline)
+  from regression import runner
+
+  # Unchanged cases reuse the stored inputs, so inputs never drift between recordings.
+  monkeypatch.setattr(runner, "make_input", lambda *a: pytest.fail("record regenerated an input"))
+  assert _main(["record", "--out", str(baseline), "--force"], standin_cases()[:2]) == 0
+  assert "wrote baseline" in capsys.readouterr().out
+  after = store.read_baseline(baseline)
+  assert sorted(after.manifest["cases"]) == ["standin_max", "standin_mean"]
+  key = "standin_mean/input"
+  assert store.digest(after.arrays[key]) == store.digest(before.arrays[key])
+
+
+def test_cli_record_manifest_has_stamp_tolerances_and_timing(recorded):
+  manifest = store.read_baseline(recorded).manifest
+  stamp = manifest["stamp"]
+  assert set(stamp["versions"]) == {"python", "numpy", "jax", "jaxlib", "flax", "chex",
+                                    "ml_dtypes", "nnx_pool"}
+  assert set(stamp["backend"]) >= {"platform", "device_kind", "device_count"}
+  assert set(stamp["config"]) >= {"jax_enable_x64", "jax_default_matmul_precision"}
+  assert {"env", "date", "git"} <= set(stamp)
+  assert manifest["format_version"] == store.FORMAT_VERSION
+  case = manifest["cases"]["standin_mean_bf16"]
+  assert case["input_dtype"] == "bfloat16" and case["input_shape"] == [3, 6, 6, 2]
+  assert case["input_digest"].startswith("sha256:")
+  assert case["results"]["output"]["rtol"] == 1e-2 and case["results"]["output"]["reason"]
+  assert case["timing"]["compile_s"] > 0 and case["timing"]["steady_s"] > 0
+  assert case["jit_eager_agree"] is True
+  argmax = manifest["cases"]["standin_argmax"]
+  assert argmax["results"]["indices"]["rule"] == "exact"
+  assert manifest["cases"]["standin_bad_rank"]["raises"]["type"] == "ValueError"
+
+
+def test_cli_record_writes_nothing_when_a_case_fails(tmp_path, capsys):
+  def boom():
+    raise RuntimeError("module exploded")
+
+  cases = [*standin_cases()[:1], Case("standin_boom", boom, input="one")]
+  assert _main(["record", "--out", str(tmp_path / "b")], cases) == 1
+  out = capsys.readouterr().out
+  assert "standin_boom" in out and "RuntimeError: module exploded" in out
+  assert not (tmp_path / "b").exists()
+
+
+def test_cli_record_with_no_cases_exits_2(tmp_path, capsys):
+  assert _main(["record", "--out", str(tmp_path / "b")], []) == 2
+  assert "no cases to record" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- diff, info
+
+
+def test_cli_diff_shows_numbers_and_stamp_changes(recorded, baseline, capsys, tmp_path):
+  def drift(arrays, manifest):
+    arrays["standin_mean/grad/input"] = arrays["standin_mean/grad/input"] * np.float32(1.01)
+    manifest["stamp"]["versions"]["jax"] = "0.9.2"
+
+  _rewrite(baseline, drift)
+  code = _main(["diff", str(baseline), str(recorded), "--json", str(tmp_path / "d.json")])
+  out = capsys.readouterr().out
+  assert code == 1
+  assert "standin_mean: grad/input:" in out
+  assert f"jax 0.9.2 -> {jax.__version__}" in out
+  assert json.loads((tmp_path / "d.json").read_text())["counts"] == {"FAIL": 1, "PASS": 5}
+
+
+def test_cli_diff_of_identical_baselines_passes(recorded, baseline, capsys):
+  assert _main(["diff", str(recorded), str(baseline)]) == 0
+
+
+def test_cli_diff_with_a_damaged_side_exits_2(recorded, tmp_path, capsys):
+  assert _main(["diff", str(recorded), str(tmp_path / "none")]) == 2
+  assert capsys.readouterr().err.startswith("error: baseline")
+
+
+def test_cli_info_prints_the_stamp(capsys, tmp_path, monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_test_flag")
+  assert _main(["info", "--json", str(tmp_path / "i.json")]) == 0
+  out = capsys.readouterr().out
+  assert f"jax                            {jax.__version__}" in out
+  assert "XLA_FLAGS" in out
+  stamp = json.loads((tmp_path / "i.json").read_text())["stamp"]
+  assert stamp["env"]["XLA_FLAGS"] == "--xla_cpu_test_flag"
+
+
+def test_cli_check_pairs_drift_with_environment_changes(baseline, capsys, monkeypatch):
+  def older(arrays, manifest):
+    manifest["stamp"]["versions"]["jax"] = "0.9.2"
+    manifest["stamp"]["env"] = {"XLA_FLAGS": "--old"}
+
+  _rewrite(baseline, older)
+  assert _main(["check", "--baseline", str(baseline), "-k", "standin_max"]) == 0
+  out = capsys.readouterr().out
+  assert f"  jax 0.9.2 -> {jax.__version__}" in out
+  assert "  env XLA_FLAGS --old -> unset" in out
+
+
+def test_cli_default_baseline_is_the_shipped_one():
+  args = cli._parser().parse_args(["check"])
+  assert Path(args.baseline) == commands.SHIPPED == Path(cli.__file__).parent / "baseline"
+
+
+def test_cli_runs_as_python_dash_m(tmp_path):
+  # The module entry point, end to end in a fresh interpreter: a missing baseline exits 2.
+  import os
+  import subprocess
+  import sys
+
+  repo = Path(cli.__file__).resolve().parents[1]
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+  done = subprocess.run(
+      [sys.executable, "-m", "regression", "check", "--baseline", str(tmp_path / "none")],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+  )
+  assert done.returncode == 2
+  assert done.stdout == ""
+  assert done.stderr == (
+      f"error: baseline {tmp_path / 'none'}: no such directory; record one with "
+      f"`record --out {tmp_path / 'none'}`.\n"
+  )

@@ -1,0 +1,146 @@
+"""Tests for the nnx_regression pytest fixture, run in inner pytest sessions (pytester)."""
+
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+PLUGIN = ("-p", "regression.pytest_plugin")
+
+TEST_FILE = """
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+SCALE = {scale}
+X = np.arange(12, dtype=np.float32).reshape(2, 3, 2) / 7
+
+
+def test_pool(nnx_regression):
+  nnx_regression.check("{name}", lambda x: jnp.mean(x, axis=1) * SCALE, X)
+
+
+def test_linear(nnx_regression):
+  model = nnx.Linear(2, 3, rngs=nnx.Rngs({seed}))
+  nnx_regression.check("linear", model, jnp.asarray(X))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_autoload(monkeypatch):
+  # Keep the inner sessions hermetic: only the plugin under test, loaded by -p,
+  # whatever else is installed with a pytest11 entry point.
+  monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+def _write(pytester, scale="1.0", name="pool", seed=0):
+  return pytester.makepyfile(test_models=TEST_FILE.format(scale=scale, name=name, seed=seed))
+
+
+def test_plugin_first_run_writes_baselines_and_fails_saying_so(pytester):
+  _write(pytester)
+  result = pytester.runpytest(*PLUGIN)
+  result.assert_outcomes(failed=2)
+  result.stdout.fnmatch_lines([
+      ("*nnx_regression: no baseline for 'pool'; wrote one to *_regression*test_models*pool*"
+       "(jax *, flax *, cpu). Rerun to compare."),
+      "*nnx_regression*",
+      "wrote 2 new baseline(s) (rerun to compare):",
+  ])
+  root = pytester.path / "_regression" / "test_models"
+  assert sorted(p.name for p in root.iterdir()) == ["linear", "pool"]
+  manifest = json.loads((root / "pool" / "manifest.json").read_text())
+  assert manifest["kind"] == "pytest" and manifest["test"] == "test_models.py::test_pool"
+  assert manifest["stamp"]["versions"]["jax"]
+  assert set(manifest["results"]) == {"output", "output_eager"}
+  linear = json.loads((root / "linear" / "manifest.json").read_text())
+  assert linear["weights"] == ["weights/bias", "weights/kernel"]
+
+  # The second run compares and passes.
+  pytester.runpytest(*PLUGIN).assert_outcomes(passed=2)
+
+
+def test_plugin_reports_drift_like_the_cli(pytester):
+  _write(pytester)
+  pytester.runpytest(*PLUGIN)
+  _write(pytester, scale="1.001")
+  result = pytester.runpytest(*PLUGIN)
+  result.assert_outcomes(failed=1, passed=1)
+  result.stdout.fnmatch_lines([
+      "*nnx_regression: 'pool' differs from its baseline*",
+      "*case*max abs err*max rel err*tolerance*status*",
+      "*pool:output *rtol=1e-05 atol=1e-05*FAIL*",
+      "*pool:output_eager *FAIL*",
+      "*elements differ*",
+      "*environment changes*",
+  ])
+
+
+def test_plugin_names_changed_parameters(pytester):
+  _write(pytester)
+  pytester.runpytest(*PLUGIN)
+  _write(pytester, seed=1)  # a different init: the stored weights no longer match
+  result = pytester.runpytest(*PLUGIN, "-k", "linear")
+  result.assert_outcomes(failed=1)
+  result.stdout.fnmatch_lines(["*parameters differ from the baseline (weights/*"])
+
+
+def test_plugin_update_flag_rewrites_baselines(pytester):
+  _write(pytester)
+  pytester.runpytest(*PLUGIN)
+  _write(pytester, scale="2.0")
+  result = pytester.runpytest(*PLUGIN, "--nnx-regression-update")
+  result.assert_outcomes(passed=2)
+  result.stdout.fnmatch_lines(["updated 2 baseline(s) (--nnx-regression-update):"])
+  pytester.runpytest(*PLUGIN).assert_outcomes(passed=2)
+
+
+def test_plugin_reports_unused_baselines_at_the_end(pytester):
+  _write(pytester)
+  pytester.runpytest(*PLUGIN)
+  _write(pytester, name="pool_renamed")
+  result = pytester.runpytest(*PLUGIN)
+  result.assert_outcomes(failed=1, passed=1)  # the renamed one is new
+  result.stdout.fnmatch_lines([
+      "1 unused baseline(s) (no test used them this session; delete them or fix the test names):",
+      "*_regression*test_models*pool",
+  ])
+  # A partial run (-k) cannot tell unused from deselected, so it stays quiet.
+  result = pytester.runpytest(*PLUGIN, "-k", "linear")
+  result.assert_outcomes(passed=1)
+  assert "unused baseline" not in result.stdout.str()
+
+
+def test_plugin_rejects_a_name_used_twice_and_bad_names(pytester):
+  pytester.makepyfile(test_names="""
+import numpy as np
+import pytest
+
+def test_twice(nnx_regression):
+  nnx_regression.check("same", lambda x: x + 1, np.ones(2, np.float32))
+  with pytest.raises(ValueError, match="'same' is already used by test_names.py::test_twice"):
+    nnx_regression.check("same", lambda x: x + 1, np.ones(2, np.float32))
+
+def test_bad_name(nnx_regression):
+  with pytest.raises(ValueError, match="`name` must be letters, digits"):
+    nnx_regression.check("../escape", lambda x: x, np.ones(2, np.float32))
+
+def test_bad_input(nnx_regression):
+  with pytest.raises(TypeError, match=r"`inputs\\[0\\]` must be an array; got str"):
+    nnx_regression.check("bad_input", lambda x: x, "not an array")
+""")
+  result = pytester.runpytest(*PLUGIN)
+  result.assert_outcomes(failed=1, passed=2)  # test_twice: its first check wrote a baseline
+
+
+def test_plugin_damaged_baseline_fails_with_the_reason(pytester):
+  _write(pytester)
+  pytester.runpytest(*PLUGIN)
+  npz = pytester.path / "_regression" / "test_models" / "pool" / "arrays.npz"
+  npz.write_bytes(npz.read_bytes()[:100])
+  result = pytester.runpytest(*PLUGIN, "-k", "pool")
+  result.assert_outcomes(failed=1)
+  result.stdout.fnmatch_lines(
+      ["*nnx_regression: baseline *pool: arrays.npz is truncated or damaged*"]
+  )
