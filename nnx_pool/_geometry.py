@@ -13,7 +13,8 @@ and lax/Flax's for ``"SAME"``:
 * floor mode ``out = (L + lo + hi - e) // s + 1``;
 * ceil mode ``out = ceil((L + lo + hi - e) / s) + 1``, minus one when the last
   window would start at or after ``L + lo`` (it must start inside the input or
-  the left padding);
+  the left padding); the window may overhang the padded input by less than a
+  stride, even when it is the only one;
 * ``"SAME"``: ``out = ceil(L / s)``, total padding
   ``max((out - 1) * s + e - L, 0)``, split with the extra cell on the high side.
 """
@@ -267,10 +268,10 @@ class Geometry:
 
 def _out_size(length: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: bool) -> int:
   span = length + lo + hi - (d * (k - 1) + 1)
-  if span < 0:
-    return 0
   if not ceil_mode:
-    return span // s + 1
+    return span // s + 1 if span >= 0 else 0
+  # Ceil mode may overhang the padded input by less than a stride, even with one
+  # window (PyTorch: L=2, k=3, s=2 gives ceil(-1 / 2) + 1 = 1).
   out = -(-span // s) + 1
   if (out - 1) * s >= length + lo:
     out -= 1

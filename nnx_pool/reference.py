@@ -88,7 +88,8 @@ def output_size(
   * floor mode: ``span // stride + 1``;
   * ceil mode: ``ceil(span / stride) + 1``, minus one if the last window would
     start at or after ``length + pad_low``, i.e. the last window must start
-    inside the input or the left padding.
+    inside the input or the left padding. ``span`` may be negative here: a
+    single window can overhang the padded input by less than a stride.
 
   Raises ValueError when the window does not fit in the padded input or the
   result is below one (PyTorch's "Output size is too small").
@@ -106,11 +107,13 @@ def output_size(
   dilation = _check_int(dilation, "dilation", 1)
   effective = dilation * (window - 1) + 1
   span = length + pad_low + pad_high - effective
-  if span < 0:
+  if span < 0 and not ceil_mode:
     raise ValueError(
       f"window {window} (effective {effective}) does not fit in length {length} "
       f"padded by ({pad_low}, {pad_high})"
     )
+  # In ceil mode a window may overhang the padded input by less than a stride
+  # (PyTorch: ceil((2 - 3) / 2) + 1 = 1 output for L=2, k=3, s=2).
   if ceil_mode:
     out = -(-span // stride) + 1
     if (out - 1) * stride >= length + pad_low:
