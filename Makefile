@@ -6,16 +6,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 EXTRAS ?= test
+CONSTRAINTS ?= constraints.txt
 comma := ,
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: check test bench clean
+.PHONY: check test test-floor bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
 check: $(STAMP)
@@ -24,8 +25,12 @@ check: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The same suite on the oldest jax/flax that pyproject.toml admits (no torch).
+test-floor:
+	$(MAKE) test VENV=.venv-floor EXTRAS=test CONSTRAINTS=constraints-floor.txt
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf .venv .venv-floor build *.egg-info
