@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import functools
+
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 import nnx_pool
@@ -24,6 +28,7 @@ class Case:
   ours: Callable[[], Callable]
   flax: Callable
   torch: Callable | None = None
+  tiny_shape: tuple[int, ...] | None = None
 
   @property
   def ndim(self) -> int:
@@ -32,11 +37,36 @@ class Case:
   def tiny(self) -> Case:
     """The same case on a small input, for the smoke test."""
     n, *spatial, c = self.shape
-    return dataclasses.replace(self, shape=(1, *(min(s, 9) for s in spatial), min(c, 4)))
+    shape = self.tiny_shape or (1, *(min(s, 9) for s in spatial), min(c, 4))
+    return dataclasses.replace(self, shape=shape)
 
 
 def _pad(p):
   return ((p, p), (p, p))
+
+
+@functools.cache
+def _se(channels: int) -> nnx_pool.SqueezeExcitation:
+  """One gate per width, so ours, the jnp peer and torch share its weights."""
+  return nnx_pool.SqueezeExcitation(channels, rngs=nnx.Rngs(0))
+
+
+def _se_jnp(x):
+  se = _se(x.shape[-1])
+  k1, b1, k2, b2 = se.fc1.kernel[...], se.fc1.bias[...], se.fc2.kernel[...], se.fc2.bias[...]
+  s = jnp.mean(x, axis=(1, 2))
+  gate = nnx.sigmoid(nnx.relu(s @ k1 + b1[None]) @ k2 + b2[None])
+  return x * gate[:, None, None, :]
+
+
+def _se_torch(torch, channels: int):
+  """timm's SEModule (1x1 convs) holding the same weights as ``_se(channels)``."""
+  se = _se(channels)
+  to_conv = lambda k: torch.from_numpy(np.array(k).T[:, :, None, None].copy())  # noqa: E731
+  w1, b1 = to_conv(se.fc1.kernel[...]), torch.from_numpy(np.array(se.fc1.bias[...]))
+  w2, b2 = to_conv(se.fc2.kernel[...]), torch.from_numpy(np.array(se.fc2.bias[...]))
+  conv = torch.nn.functional.conv2d
+  return lambda x: x * torch.sigmoid(conv(torch.relu(conv(x.mean((2, 3), keepdim=True), w1, b1)), w2, b2))
 
 
 CASES = [
@@ -74,5 +104,28 @@ CASES = [
         lambda: nnx_pool.AvgPool((3, 3), 1, 1, count_include_pad=False),
         lambda x: nnx.avg_pool(x, (3, 3), (1, 1), _pad(1), count_include_pad=False),
         lambda torch: lambda x: torch.nn.functional.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+    ),
+    Case(
+        "GlobalAvgPool",
+        (32, 7, 7, 512),
+        lambda: nnx_pool.GlobalAvgPool(),
+        lambda x: jnp.mean(x, axis=(1, 2)),
+        lambda torch: lambda x: torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1),
+    ),
+    Case(
+        "AdaptiveAvgPool 56->7",
+        (8, 56, 56, 64),
+        lambda: nnx_pool.AdaptiveAvgPool(7),
+        lambda x: nnx.avg_pool(x, (x.shape[1] // 7,) * 2, (x.shape[1] // 7,) * 2),
+        lambda torch: lambda x: torch.nn.functional.adaptive_avg_pool2d(x, 7),
+        tiny_shape=(1, 14, 14, 4),
+    ),
+    Case(
+        "SqueezeExcitation C=256",
+        (32, 14, 14, 256),
+        lambda: _se(256),  # built here, outside any trace, then shared
+        _se_jnp,
+        lambda torch: _se_torch(torch, 256),
+        tiny_shape=(1, 4, 4, 256),
     ),
 ]

@@ -1,0 +1,585 @@
+"""Global, adaptive and selectable pooling over 1, 2 or 3 spatial dims, channels-last.
+
+Inputs are ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``. The number of
+spatial dims is never guessed from the rank:
+
+* the global pools take ``num_spatial_dims`` (default 2);
+* the adaptive pools take it from ``len(output_size)`` for a tuple; an int
+  ``output_size`` applies to ``num_spatial_dims`` dims (default 2, the
+  ``AdaptiveAvgPool2d(1)`` case). Note that this differs from the window pools,
+  where an int window means one spatial dim.
+
+So a rank of ``num_spatial_dims + 2`` is batched and ``num_spatial_dims + 1``
+unbatched.
+
+Adaptive bins are PyTorch's: bin ``i`` of ``T`` over a length ``L`` covers
+``[floor(i*L/T), ceil((i+1)*L/T))``, computed here in exact integer arithmetic
+(PyTorch uses float32, which can round differently for huge sizes). Bins may
+overlap, ``T > L`` is allowed, and ``None`` keeps a dim. These are not
+Equinox's bins, which partition the input without overlap.
+
+How it is computed (all bin geometry is static, known at trace time):
+
+* an output of 1 in every dim is a global pool: one reduction;
+* when every dim divides (``L % T == 0``) and a bin has at most 64 cells, the
+  bins are the windows of a strided pool (stride = window), run on the shared
+  window kernels of :mod:`nnx_pool._kernels`;
+* otherwise each spatial dim is grouped into ``(T, K)`` bin slots (``K`` the
+  longest bin: a reshape when the dim divides, else a gather along that dim
+  alone) and the slots are reduced, one dim after another. A bin box is the
+  product of its per-dim bins, so this is exact for max and a regrouping of
+  the sum for average. Above 64 cells it beats the unrolled window kernels,
+  whose compile time grows with the window.
+
+Average pooling sums in float32 (float16/bfloat16 inputs) or the input's own
+float dtype and divides as PyTorch does: a global pool by the cell count, other
+outputs by each dim's bin length in turn (``sum / kh / kw``), each a true,
+correctly rounded division. On inputs whose sums are exact (integer-valued
+data), the result is bit-identical to PyTorch's; otherwise it agrees to a few
+float32 ULPs (the summation order differs).
+
+Max pooling follows PyTorch's scan, ``val > max or isnan(val)``: on ties the
+first maximum in row-major order wins, and the last NaN wins. Returned indices
+are PyTorch's flat per-plane indices (``h * W + w`` in 2-D), int32, in the
+output's channels-last shape. The derivative of each output is that of the
+cell its index names: one cell per output, also on ties (``jnp.max`` would
+split it between them).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+
+from nnx_pool._geometry import Geometry, Window, _is_int
+from nnx_pool._kernels import accumulation_dtype, flat_indices, select, window_sum
+from nnx_pool._layout import DtypeKind, check_in_features, prepare
+from nnx_pool._pool import _check_bool
+
+_POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")
+# The largest window (in cells) for which a divisible adaptive pool runs on the
+# shared window kernels; see _strided_window.
+_MAX_WINDOW_CELLS = 64
+
+
+# ----------------------------------------------------------------------------
+# Argument checks.
+# ----------------------------------------------------------------------------
+
+
+def _check_num_spatial_dims(value) -> int:
+  if not _is_int(value):
+    raise TypeError(f"`num_spatial_dims` must be 1, 2 or 3; got {value!r}.")
+  if value not in (1, 2, 3):
+    raise ValueError(f"`num_spatial_dims` must be 1, 2 or 3; got {value!r}.")
+  return int(value)
+
+
+def _parse_output_size(output_size, num_spatial_dims) -> tuple[int | None, ...]:
+  """Returns one entry per spatial dim: a positive int, or None to keep that dim."""
+  forms = (
+      "an int (applied to `num_spatial_dims` dims, default 2) or a tuple of 1 to 3 "
+      "entries, each a positive int or None (keep that dim)"
+  )
+  if _is_int(output_size):
+    ndim = 2 if num_spatial_dims is None else _check_num_spatial_dims(num_spatial_dims)
+    sizes = (output_size,) * ndim
+  elif isinstance(output_size, Sequence) and not isinstance(output_size, str):
+    sizes = tuple(output_size)
+    if not 1 <= len(sizes) <= 3:
+      raise ValueError(f"`output_size` must be {forms}; got {output_size!r}.")
+    if not all(s is None or _is_int(s) for s in sizes):
+      raise TypeError(f"`output_size` must be {forms}; got {output_size!r}.")
+    if num_spatial_dims is not None and _check_num_spatial_dims(num_spatial_dims) != len(sizes):
+      raise ValueError(
+          f"`output_size` {output_size!r} has {len(sizes)} entries but "
+          f"`num_spatial_dims` is {num_spatial_dims}; give one or make them agree."
+      )
+  else:
+    raise TypeError(f"`output_size` must be {forms}; got {output_size!r}.")
+  if any(s is not None and s < 1 for s in sizes):
+    raise ValueError(f"`output_size` must be {forms}; got {output_size!r}.")
+  return tuple(None if s is None else int(s) for s in sizes)
+
+
+def _resolve_out_shape(
+    sizes: tuple[int | None, ...], spatial: tuple[int, ...], module: str
+) -> tuple[int, ...]:
+  if 0 in spatial:
+    raise ValueError(f"{module}: adaptive pooling needs non-empty spatial dims; got {spatial}.")
+  return tuple(length if t is None else t for t, length in zip(sizes, spatial))
+
+
+# ----------------------------------------------------------------------------
+# Static bin geometry.
+# ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=512)
+def _bins(length: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+  """PyTorch's adaptive bins ``[start, end)`` of ``out`` bins over ``length``, exactly."""
+  i = np.arange(out, dtype=np.int64)
+  return (i * length) // out, -((-(i + 1) * length) // out)
+
+
+def _group(a: jax.Array, axis: int, length: int, out: int):
+  """Splits ``axis`` of ``a`` into ``(out, K)`` bin slots; ``K`` is the longest bin.
+
+  Returns ``(grouped, start, end, valid)``: the grouped array (one more axis,
+  right after ``axis``), each bin's ``[start, end)`` and a ``(out, K)`` mask of
+  the slots that hold a cell of their bin. A divisible dim is a plain reshape
+  with every slot valid; otherwise a gather whose surplus slots repeat the
+  bin's last cell.
+  """
+  start, end = _bins(length, out)
+  if length % out == 0:
+    k = length // out
+    shape = a.shape[:axis] + (out, k) + a.shape[axis + 1:]
+    return a.reshape(shape), start, end, None
+  k = int((end - start).max())
+  slots = np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1)
+  valid = start[:, None] + np.arange(k)[None, :] < end[:, None]
+  return jnp.take(a, slots, axis=axis), start, end, valid
+
+
+def _strided_window(spatial: tuple[int, ...], out_shape: tuple[int, ...]) -> Geometry | None:
+  """The window pool an adaptive pool equals, when every dim divides and the window is small.
+
+  With ``L % T == 0`` in every dim the bins are non-overlapping windows of
+  ``L // T`` cells at stride ``L // T``. The shared window kernels unroll one
+  strided slice per window cell, which is fastest for small windows but grows
+  with the window's size; above ``_MAX_WINDOW_CELLS`` cells the per-dim path
+  is used instead.
+  """
+  if any(length % out for length, out in zip(spatial, out_shape)):
+    return None
+  window = tuple(length // out for length, out in zip(spatial, out_shape))
+  if math.prod(window) > _MAX_WINDOW_CELLS:
+    return None
+  return Window.create(window).resolve(spatial)
+
+
+def _along(vector: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+  """Reshapes a 1-D ``vector`` to broadcast along ``axis`` of a rank-``ndim`` array."""
+  shape = [1] * ndim
+  shape[axis] = vector.shape[0]
+  return vector.reshape(shape)
+
+
+def _true_divide(total: jax.Array, divisor: np.ndarray) -> jax.Array:
+  """``total / divisor``, correctly rounded, for a static ``divisor`` broadcast to ``total``.
+
+  XLA rewrites a division by a broadcast constant into a product with its
+  rounded reciprocal (one ULP off for about 7% of integer sums over 35 cells),
+  and merges ``a / b / c`` into ``a / (b * c)`` (PyTorch rounds twice). A
+  divisor materialised at the full shape behind an optimisation barrier, and a
+  barrier on the quotient, keep exactly the division PyTorch performs.
+  """
+  full = jnp.broadcast_to(jnp.asarray(divisor, total.dtype), total.shape)
+  return lax.optimization_barrier(total / lax.optimization_barrier(full))
+
+
+# ----------------------------------------------------------------------------
+# Reductions on batched (N, *spatial, C) arrays.
+# ----------------------------------------------------------------------------
+
+
+@jax.jit
+def spatial_mean(x: jax.Array) -> jax.Array:
+  """Mean over every spatial axis of a batched ``x``, kept as size-1 axes.
+
+  The sum accumulates in float32 for float16/bfloat16 and the result is cast
+  back; the division by the cell count is correctly rounded (PyTorch's
+  ``x.mean((2, 3))`` and ``adaptive_avg_pool2d(x, 1)``).
+  """
+  axes = tuple(range(1, x.ndim - 1))
+  total = jnp.sum(x, axis=axes, keepdims=True, dtype=accumulation_dtype(x.dtype))
+  count = np.prod(x.shape[1:-1], dtype=np.int64)
+  return _true_divide(total, count).astype(x.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
+  """PyTorch's adaptive average pool of a batched float ``x`` to ``out_shape``."""
+  spatial = x.shape[1:-1]
+  if all(t == 1 for t in out_shape):
+    return spatial_mean(x)
+  total = x.astype(accumulation_dtype(x.dtype))
+  geom = _strided_window(spatial, out_shape)
+  if geom is not None:
+    total = window_sum(total, geom)
+  else:
+    for axis, (length, out) in enumerate(zip(spatial, out_shape), start=1):
+      if length != out:
+        grouped, _, _, valid = _group(total, axis, length, out)
+        if valid is not None:  # surplus slots repeat a cell: drop them from the sum
+          mask = valid.reshape((1,) * axis + valid.shape + (1,) * (grouped.ndim - axis - 2))
+          grouped = jnp.where(mask, grouped, jnp.zeros((), grouped.dtype))
+        total = grouped.sum(axis=axis + 1)
+  # PyTorch divides by each dim's bin length in turn: sum / kd / kh / kw.
+  for axis, (length, out) in enumerate(zip(spatial, out_shape), start=1):
+    if length != out:
+      start, end = _bins(length, out)
+      total = _true_divide(total, _along(end - start, axis, total.ndim))
+  return total.astype(x.dtype)
+
+
+def _max_and_slot(grouped: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+  """The maximum over the slots on ``axis`` and PyTorch's winning slot (int32).
+
+  The winner is the first maximum, or the last NaN when there is one. Plain
+  min/max reductions over slot numbers, which fuse, rather than an argmax.
+  NaN is propagated explicitly: on CPU, jaxlib 0.10.2 lowers some float
+  ``reduce_max`` calls to a YNNPACK fusion that drops NaN (even returning
+  -inf), so the reduction alone is trusted only on NaN-free slots.
+  """
+  k = grouped.shape[axis]
+  slot = lax.broadcasted_iota(jnp.int32, grouped.shape, axis)
+  best = jnp.max(grouped, axis=axis)
+  winner = jnp.min(jnp.where(grouped == jnp.expand_dims(best, axis), slot, k), axis=axis)
+  if jnp.issubdtype(grouped.dtype, jnp.floating):
+    nan = jnp.isnan(grouped)
+    has_nan = jnp.any(nan, axis=axis)
+    best = jnp.where(has_nan, jnp.asarray(jnp.nan, best.dtype), best)
+    winner = jnp.where(has_nan, jnp.max(jnp.where(nan, slot, -1), axis=axis), winner)
+  return best, winner
+
+
+def _max_and_index(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+  """Forward of the adaptive max: values and int32 flat per-plane indices.
+
+  Dims are reduced from the last to the first; each stage keeps, per output,
+  the maximum and the flat index of its cell within the dims reduced so far.
+  The stage-wise winner is the box's winner: the first maximum (last NaN) in
+  row-major order lies in the first row holding the maximum (the last row
+  holding a NaN). An output of 1 everywhere is one stage over the whole plane.
+  """
+  n, spatial, c = x.shape[0], x.shape[1:-1], x.shape[-1]
+  result_shape = (n, *out_shape, c)
+  if all(t == 1 for t in out_shape):
+    x = x.reshape(n, -1, c)
+    spatial, out_shape = x.shape[1:-1], (1,)
+  values, index, plane_stride = x, None, 1
+  for axis in reversed(range(1, x.ndim - 1)):
+    length, out = spatial[axis - 1], out_shape[axis - 1]
+    if length == out:
+      coord = lax.broadcasted_iota(jnp.int32, values.shape, axis)
+    else:
+      grouped, start, end, _ = _group(values, axis, length, out)
+      values, slot = _max_and_slot(grouped, axis + 1)
+      if index is not None:
+        chosen = lax.broadcasted_iota(jnp.int32, grouped.shape, axis + 1) == jnp.expand_dims(
+            slot, axis + 1)
+        index = jnp.sum(jnp.where(chosen, _group(index, axis, length, out)[0], 0), axis=axis + 1)
+      # A surplus slot repeats its bin's last cell (and wins only as the last NaN).
+      first = jnp.asarray(_along(start, axis, slot.ndim), jnp.int32)
+      last = jnp.asarray(_along(end - 1, axis, slot.ndim), jnp.int32)
+      coord = jnp.minimum(first + slot, last)
+    term = coord * plane_stride
+    index = term if index is None else index + term
+    plane_stride *= length
+  return values.reshape(result_shape), index.reshape(result_shape)
+
+
+def _take_plane(t: jax.Array, index: jax.Array) -> jax.Array:
+  """``t[n, index[n, ..., c], c]``: cells of each (n, c) plane at flat per-plane indices."""
+  n, c = t.shape[0], t.shape[-1]
+  flat = jnp.take_along_axis(t.reshape(n, -1, c), index.reshape(n, -1, c), axis=1)
+  return flat.reshape(index.shape)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _max_select(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+  """:func:`_max_and_index` whose derivative is the derivative of the indexed cell."""
+  return _max_and_index(x, out_shape)
+
+
+@_max_select.defjvp
+def _max_select_jvp(out_shape, primals, tangents):
+  (x,), (t,) = primals, tangents
+  _, index = _max_and_index(x, out_shape)
+  # Values picked at the index, so that higher derivatives follow it too.
+  values = _take_plane(x, index)
+  return (values, index), (_take_plane(t, index), np.zeros(index.shape, jax.dtypes.float0))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool = False):
+  """PyTorch's adaptive max pool of a batched ``x``: values, and int32 flat indices if asked.
+
+  The gradient of each value goes to exactly the cell its index names (one
+  cell per output, also on ties), in forward and reverse mode. Without
+  ``return_indices`` and a derivative, the index work is compiled away.
+  """
+  geom = None if all(t == 1 for t in out_shape) else _strided_window(x.shape[1:-1], out_shape)
+  if geom is not None:
+    values, offset = select(x, geom, "max")
+    return (values, flat_indices(offset, geom)) if return_indices else values
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    values, index = _max_select(x, out_shape)
+  else:
+    values, index = _max_and_index(x, out_shape)
+  return (values, index) if return_indices else values
+
+
+# ----------------------------------------------------------------------------
+# Modules.
+# ----------------------------------------------------------------------------
+
+
+class _Pool(nnx.Module):
+  """Shared plumbing: the number of spatial dims, the optional channel check, batching."""
+
+  def __init__(self, num_spatial_dims: int, in_features):
+    self.num_spatial_dims = num_spatial_dims
+    self.in_features = check_in_features(in_features)
+
+  def _prepare(self, inputs, kind: DtypeKind) -> tuple[jax.Array, bool]:
+    return prepare(
+        inputs, self.num_spatial_dims, kind=kind, module=type(self).__name__,
+        in_features=self.in_features,
+    )
+
+
+class GlobalAvgPool(_Pool):
+  """Mean over every spatial axis, channels-last: ``(N, *spatial, C) -> (N, C)``.
+
+  This is PyTorch's ``adaptive_avg_pool2d(x, 1)`` and ``x.mean((2, 3))``: the
+  sum (float32 for float16/bfloat16 inputs) divided by the number of cells, a
+  correctly rounded division, so integer-valued maps give bit-exact means.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import GlobalAvgPool
+    >>> x = jnp.arange(12.0).reshape(1, 2, 3, 2)  # (N, H, W, C)
+    >>> GlobalAvgPool()(x)
+    Array([[5., 6.]], dtype=float32)
+    >>> GlobalAvgPool(keepdims=True)(x).shape
+    (1, 1, 1, 2)
+
+  Args:
+    num_spatial_dims: how many axes between batch and channels are spatial, 1, 2
+      or 3 (default 2). A rank of ``num_spatial_dims + 2`` is batched and
+      ``num_spatial_dims + 1`` unbatched.
+    keepdims: keep the spatial axes with size 1 (default False).
+    in_features: the channel count, checked against the last axis when given
+      (default None).
+  """
+
+  def __init__(
+      self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
+  ):
+    super().__init__(_check_num_spatial_dims(num_spatial_dims), in_features)
+    self.keepdims = _check_bool(keepdims, "keepdims")
+
+  def __call__(self, inputs) -> jax.Array:
+    """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
+
+    With ``keepdims=True`` the spatial axes stay, with size 1.
+    """
+    x, batched = self._prepare(inputs, "float")
+    y = spatial_mean(x)
+    y = y if self.keepdims else y.reshape(y.shape[0], y.shape[-1])
+    return y if batched else y[0]
+
+
+class GlobalMaxPool(_Pool):
+  """Max over every spatial axis, channels-last: ``(N, *spatial, C) -> (N, C)``.
+
+  PyTorch's ``adaptive_max_pool2d(x, 1)``: NaN propagates, and the gradient
+  goes to one cell per plane, the first maximum in row-major order (the last
+  NaN if there is one), not split between ties as ``jnp.max`` splits it.
+  Integer inputs are accepted.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import GlobalMaxPool
+    >>> x = jnp.array([[[3., 0.], [1., 5.]], [[2., 7.], [4., 1.]]])  # (H, W, C), unbatched
+    >>> GlobalMaxPool()(x)
+    Array([4., 7.], dtype=float32)
+
+  Args:
+    num_spatial_dims: how many axes between batch and channels are spatial, 1, 2
+      or 3 (default 2). A rank of ``num_spatial_dims + 2`` is batched and
+      ``num_spatial_dims + 1`` unbatched.
+    keepdims: keep the spatial axes with size 1 (default False).
+    in_features: the channel count, checked against the last axis when given
+      (default None).
+  """
+
+  def __init__(
+      self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
+  ):
+    super().__init__(_check_num_spatial_dims(num_spatial_dims), in_features)
+    self.keepdims = _check_bool(keepdims, "keepdims")
+
+  def __call__(self, inputs) -> jax.Array:
+    """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
+
+    With ``keepdims=True`` the spatial axes stay, with size 1.
+    """
+    x, batched = self._prepare(inputs, "ordered")
+    y = adaptive_max(x, (1,) * self.num_spatial_dims)
+    y = y if self.keepdims else y.reshape(y.shape[0], y.shape[-1])
+    return y if batched else y[0]
+
+
+class AdaptiveAvgPool(_Pool):
+  """Average over PyTorch's adaptive bins, channels-last, in 1, 2 or 3 spatial dims.
+
+  Output ``j`` of ``T`` along a dim of length ``L`` averages input cells
+  ``floor(j*L/T)`` to ``ceil((j+1)*L/T) - 1``; bins may overlap and ``T`` may
+  exceed ``L``. Divisions are PyTorch's (see the module notes), so
+  integer-valued inputs match PyTorch bit for bit.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import AdaptiveAvgPool
+    >>> x = jnp.arange(14.0).reshape(1, 14, 1)  # (N, L, C)
+    >>> AdaptiveAvgPool((4,))(x)[0, :, 0]  # bins [0,4) [3,7) [7,11) [10,14)
+    Array([ 1.5,  4.5,  8.5, 11.5], dtype=float32)
+
+  Args:
+    output_size: the output spatial shape: a tuple of 1 to 3 entries, each a
+      positive int or None (keep that dim), or an int for every one of
+      ``num_spatial_dims`` dims.
+    num_spatial_dims: the number of spatial dims, 1, 2 or 3 (default None: the
+      length of a tuple ``output_size``, or 2 for an int).
+    in_features: the channel count, checked against the last axis when given
+      (default None).
+  """
+
+  def __init__(self, output_size, *, num_spatial_dims: int | None = None,
+               in_features: int | None = None):
+    self.output_size = _parse_output_size(output_size, num_spatial_dims)
+    super().__init__(len(self.output_size), in_features)
+
+  def __call__(self, inputs) -> jax.Array:
+    """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
+    x, batched = self._prepare(inputs, "float")
+    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1], type(self).__name__)
+    y = adaptive_avg(x, out_shape)
+    return y if batched else y[0]
+
+
+class AdaptiveMaxPool(_Pool):
+  """Max over PyTorch's adaptive bins, channels-last, in 1, 2 or 3 spatial dims.
+
+  Bins as :class:`AdaptiveAvgPool`. On ties the first maximum in row-major
+  order wins; NaN propagates and the last NaN wins. The gradient of each
+  output goes to exactly the cell its index names. Integer inputs are accepted.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import AdaptiveMaxPool
+    >>> x = jnp.array([3., 1., 4., 1., 5.]).reshape(5, 1)  # unbatched (L, C)
+    >>> values, indices = AdaptiveMaxPool((3,), return_indices=True)(x)  # bins [0,2) [1,4) [3,5)
+    >>> values[:, 0], indices[:, 0]
+    (Array([3., 4., 5.], dtype=float32), Array([0, 2, 4], dtype=int32))
+
+  Args:
+    output_size: the output spatial shape: a tuple of 1 to 3 entries, each a
+      positive int or None (keep that dim), or an int for every one of
+      ``num_spatial_dims`` dims.
+    num_spatial_dims: the number of spatial dims, 1, 2 or 3 (default None: the
+      length of a tuple ``output_size``, or 2 for an int).
+    return_indices: also return PyTorch's int32 flat per-plane index of each
+      selected cell (``h * W + w`` in 2-D), in the output's shape (default False).
+    in_features: the channel count, checked against the last axis when given
+      (default None).
+  """
+
+  def __init__(self, output_size, *, num_spatial_dims: int | None = None,
+               return_indices: bool = False, in_features: int | None = None):
+    self.output_size = _parse_output_size(output_size, num_spatial_dims)
+    super().__init__(len(self.output_size), in_features)
+    self.return_indices = _check_bool(return_indices, "return_indices")
+
+  def __call__(self, inputs) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``.
+
+    Returns:
+      The pooled array; with ``return_indices=True``, ``(values, indices)``.
+    """
+    x, batched = self._prepare(inputs, "ordered")
+    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1], type(self).__name__)
+    out = adaptive_max(x, out_shape, self.return_indices)
+    return out if batched else jax.tree.map(lambda a: a[0], out)
+
+
+class SelectAdaptivePool(_Pool):
+  """Adaptive pooling chosen by name, as timm's ``SelectAdaptivePool2d``, channels-last.
+
+  ``pool_type`` is one of:
+
+  * ``"avg"``: :class:`AdaptiveAvgPool`;
+  * ``"max"``: :class:`AdaptiveMaxPool` (values only);
+  * ``"avgmax"``: ``0.5 * (avg + max)``;
+  * ``"catavgmax"``: ``concatenate([avg, max])`` on the channel axis, which
+    doubles the channels (:meth:`feat_mult` is 2).
+
+  With ``flatten=True`` everything after the batch axis is flattened in
+  channels-last order; for ``output_size`` 1 that is ``(N, C)`` as in timm,
+  for larger outputs the order differs from timm's channels-first flatten.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import SelectAdaptivePool
+    >>> x = jnp.array([[[1., 10.], [3., 20.]]])  # (N, L, C) = (1, 2, 2)
+    >>> pool = SelectAdaptivePool(1, pool_type="catavgmax", flatten=True, num_spatial_dims=1)
+    >>> pool(x), pool.feat_mult()
+    (Array([[ 2., 15.,  3., 20.]], dtype=float32), 2)
+
+  Args:
+    output_size: as :class:`AdaptiveAvgPool` (default 1).
+    pool_type: ``"avg"`` (default), ``"max"``, ``"avgmax"`` or ``"catavgmax"``.
+    flatten: flatten the pooled output to ``(N, features)`` (default False).
+    num_spatial_dims: the number of spatial dims, 1, 2 or 3 (default None: the
+      length of a tuple ``output_size``, or 2 for an int).
+    in_features: the channel count, checked against the last axis when given
+      (default None).
+  """
+
+  def __init__(self, output_size=1, *, pool_type: str = "avg", flatten: bool = False,
+               num_spatial_dims: int | None = None, in_features: int | None = None):
+    if not isinstance(pool_type, str) or pool_type not in _POOL_TYPES:
+      raise ValueError(f"`pool_type` must be one of {_POOL_TYPES}; got {pool_type!r}.")
+    self.output_size = _parse_output_size(output_size, num_spatial_dims)
+    super().__init__(len(self.output_size), in_features)
+    self.pool_type = pool_type
+    self.flatten = _check_bool(flatten, "flatten")
+
+  def feat_mult(self) -> int:
+    """How many times the input channels the output has: 2 for ``"catavgmax"``, else 1."""
+    return 2 if self.pool_type == "catavgmax" else 1
+
+  def __call__(self, inputs) -> jax.Array:
+    """Pools ``(N, *spatial, C)`` to ``(N, *out, C * feat_mult())``, or ``(N, features)``.
+
+    Unbatched ``(*spatial, C)`` gives ``(*out, C * feat_mult())`` or ``(features,)``.
+    """
+    x, batched = self._prepare(inputs, "ordered" if self.pool_type == "max" else "float")
+    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1], type(self).__name__)
+    if self.pool_type == "avg":
+      y = adaptive_avg(x, out_shape)
+    elif self.pool_type == "max":
+      y = adaptive_max(x, out_shape)
+    elif self.pool_type == "avgmax":
+      y = 0.5 * (adaptive_avg(x, out_shape) + adaptive_max(x, out_shape))
+    else:
+      y = jnp.concatenate([adaptive_avg(x, out_shape), adaptive_max(x, out_shape)], axis=-1)
+    if self.flatten:
+      y = y.reshape(y.shape[0], -1)
+    return y if batched else y[0]

@@ -1,0 +1,631 @@
+"""Channel gates: squeeze-and-excitation and its relatives, channels-last.
+
+Each gate pools its input to a summary, turns the summary into a scale with a
+small learned map and a gate function (a sigmoid by default), and multiplies
+the input by it:
+
+* :class:`SqueezeExcitation`: global mean, reduce, activation, expand, gate
+  (Hu et al. 2018, https://arxiv.org/abs/1709.01507);
+* :class:`EffectiveSqueezeExcitation`: global mean, one C-to-C projection,
+  hard sigmoid (CenterMask, Lee & Park 2020, https://arxiv.org/abs/1911.06667);
+* :class:`EfficientChannelAttention`: global mean, a 1-D convolution across
+  channels, sigmoid (ECA-Net, Wang et al. 2020, https://arxiv.org/abs/1910.03151);
+* :class:`CBAM`: a channel gate from mean and max, then a spatial gate
+  (Woo et al. 2018, https://arxiv.org/abs/1807.06521).
+
+Inputs are ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``. As for the
+global pools, ``num_spatial_dims`` (default 2) says how many axes lie between
+batch and channels, so a rank of ``num_spatial_dims + 2`` is batched and
+``num_spatial_dims + 1`` unbatched; the channel gates pool over exactly those
+axes and their one-pixel scale broadcasts back over them.
+
+Every gate has a ``from_torch(state_dict, **options)`` classmethod that builds
+it from the state dict of the PyTorch module it mirrors (torch tensors or
+NumPy arrays; torch itself is not imported). Sizes come from the weights; the
+options are the remaining constructor arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from nnx_pool._adaptive import _check_num_spatial_dims, spatial_mean
+from nnx_pool._layout import prepare
+
+Activation = Callable[[jax.Array], jax.Array]
+
+
+def hard_sigmoid(x: jax.Array) -> jax.Array:
+  """``relu6(x + 3) / 6``, the gate of MobileNetV3 and of the effective SE module."""
+  return jax.nn.relu6(x + 3.0) / 6.0
+
+
+def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
+                   round_limit: float = 0.9) -> int:
+  """timm's channel rounding: ``v`` to the nearest multiple of ``divisor``, at least ``min_value``.
+
+  ``max(min_value, int(v + divisor / 2) // divisor * divisor)``, plus
+  ``divisor`` when that falls below ``round_limit * v``; ``min_value``
+  defaults to ``divisor``.
+
+  >>> make_divisible(64 / 16, 8, round_limit=0.0), make_divisible(480 / 16, 8, round_limit=0.0)
+  (8, 32)
+  """
+  min_value = min_value or divisor
+  new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
+  if new_v < round_limit * v:
+    new_v += divisor
+  return new_v
+
+
+# ----------------------------------------------------------------------------
+# Argument checks and state-dict reading.
+# ----------------------------------------------------------------------------
+
+
+def _check_positive_int(value, name: str) -> int:
+  if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"`{name}` must be a positive int; got {value!r}.")
+  if value < 1:
+    raise ValueError(f"`{name}` must be a positive int; got {value!r}.")
+  return int(value)
+
+
+def _check_callable(value, name: str) -> Activation:
+  if not callable(value):
+    raise TypeError(f"`{name}` must be a callable such as nnx.relu; got {value!r}.")
+  return value
+
+
+def _to_numpy(value) -> np.ndarray:
+  """A torch tensor (without importing torch) or array-like as a NumPy array."""
+  if hasattr(value, "detach"):
+    value = value.detach().cpu()
+    if hasattr(value, "float") and str(getattr(value, "dtype", "")) == "torch.bfloat16":
+      value = value.float()
+  return np.asarray(value)
+
+
+def _read_state(
+    state_dict: Mapping, layouts: list[tuple[set[str], set[str]]], module: str
+) -> dict[str, np.ndarray]:
+  """Returns the state as NumPy arrays if its keys fit one of ``layouts``.
+
+  Each layout is ``(required keys, optional keys)``. Raises ValueError naming
+  the layouts accepted and the keys received.
+  """
+  if not isinstance(state_dict, Mapping):
+    raise TypeError(f"{module}.from_torch: `state_dict` must be a mapping; got {type(state_dict)}.")
+  keys = set(state_dict)
+  for required, optional in layouts:
+    if required <= keys <= required | optional:
+      return {k: _to_numpy(v) for k, v in state_dict.items()}
+  def describe(required, optional):
+    text = ", ".join(sorted(required))
+    return text + (f" (optional: {', '.join(sorted(optional))})" if optional else "")
+
+  accepted = "; ".join(describe(*layout) for layout in layouts)
+  raise ValueError(
+      f"{module}.from_torch: unexpected state-dict keys. Expected one of: {accepted}. "
+      f"Received: {', '.join(sorted(map(str, keys))) or 'no keys'}. Strip any parent prefix "
+      "first, e.g. {k.removeprefix('se.'): v for k, v in sd.items() if k.startswith('se.')}."
+  )
+
+
+def _matrix(w: np.ndarray, name: str, module: str) -> np.ndarray:
+  """A 1x1 convolution (out, in, 1, 1) or linear (out, in) weight as an (in, out) kernel."""
+  if w.ndim < 2 or any(s != 1 for s in w.shape[2:]):
+    raise ValueError(
+        f"{module}.from_torch: `{name}` must be a 1x1 convolution weight (out, in, 1, 1) or "
+        f"a linear weight (out, in); got shape {w.shape}."
+    )
+  return w.reshape(w.shape[:2]).T
+
+
+def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -> None:
+  given = sorted(set(options) & set(inferred))
+  if given:
+    raise TypeError(
+        f"{module}.from_torch: do not pass {', '.join(given)}; sizes come from the weights "
+        "and no initialiser runs."
+    )
+
+
+def _abstract(cls, *args, **kwargs):
+  """``cls(*args, **kwargs)`` with shape-only parameters: no initialiser runs."""
+  return nnx.eval_shape(lambda: cls(*args, rngs=nnx.Rngs(0), **kwargs))
+
+
+def _assign(variable: nnx.Variable, value: np.ndarray, name: str, module: str) -> None:
+  spec = variable.get_value()
+  if tuple(spec.shape) != tuple(value.shape):
+    raise ValueError(
+        f"{module}.from_torch: `{name}` has shape {value.shape}; expected {tuple(spec.shape)}."
+    )
+  variable.set_value(jnp.asarray(value, spec.dtype))
+
+
+def _check_loaded(gate: nnx.Module) -> nnx.Module:
+  """Refuses a module built by ``from_torch`` with a parameter left unassigned."""
+  if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(nnx.state(gate))):
+    raise RuntimeError(f"{type(gate).__name__}.from_torch left a parameter unassigned.")
+  return gate
+
+
+def _amax(x: jax.Array, axis) -> jax.Array:
+  """``torch.amax`` with keepdims: NaN propagates; ties share the gradient evenly.
+
+  NaN is propagated explicitly because jaxlib 0.10.2 on CPU lowers some float
+  ``reduce_max`` calls to a YNNPACK fusion that drops it.
+  """
+  best = jnp.max(x, axis=axis, keepdims=True)
+  return jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=True), jnp.nan, best)
+
+
+class _Gate(nnx.Module):
+  """Shared plumbing: the channel and rank checks, and batching."""
+
+  def _prepare(self, inputs) -> tuple[jax.Array, bool]:
+    return prepare(
+        inputs, self.num_spatial_dims, kind="float", module=type(self).__name__,
+        in_features=self.in_features,
+    )
+
+
+# ----------------------------------------------------------------------------
+# Gates.
+# ----------------------------------------------------------------------------
+
+
+class SqueezeExcitation(_Gate):
+  """Squeeze-and-excitation: ``x * gate(fc2(activation(fc1(mean over space of x))))``.
+
+  Hu, Shen and Sun, "Squeeze-and-Excitation Networks", CVPR 2018,
+  https://arxiv.org/abs/1709.01507. The reduce and expand maps are
+  :class:`flax.nnx.Linear` layers on the pooled vector, equivalent to the 1x1
+  convolutions of torchvision's ``SqueezeExcitation`` and timm's ``SEModule``.
+  When ``squeeze_features`` is None the width is timm's
+  ``make_divisible(in_features * rd_ratio, rd_divisor, round_limit=0)``
+  (64 channels give 8, 480 give 32).
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from nnx_pool import SqueezeExcitation
+    >>> se = SqueezeExcitation(64, rngs=nnx.Rngs(0))
+    >>> se.fc1.kernel.shape, se(jnp.ones((2, 5, 7, 64))).shape
+    ((64, 8), (2, 5, 7, 64))
+
+  Args:
+    in_features: the channel count ``C``.
+    squeeze_features: the reduced width (default None: from ``rd_ratio``).
+    rd_ratio: the reduction ratio when ``squeeze_features`` is None (default 1/16).
+    rd_divisor: the reduced width is rounded to a multiple of this (default 8).
+    activation: applied after the reduction (default ``nnx.relu``).
+    gate: maps the expanded vector to the scale (default ``nnx.sigmoid``).
+    use_bias: whether both maps have a bias (default True).
+    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
+    dtype: the computation dtype (default None: inferred from inputs and params).
+    param_dtype: the parameter dtype (default float32).
+    rngs: random number streams for the initial parameters.
+  """
+
+  def __init__(
+      self,
+      in_features: int,
+      squeeze_features: int | None = None,
+      *,
+      rd_ratio: float = 1 / 16,
+      rd_divisor: int = 8,
+      activation: Activation = nnx.relu,
+      gate: Activation = nnx.sigmoid,
+      use_bias: bool = True,
+      num_spatial_dims: int = 2,
+      dtype=None,
+      param_dtype=jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.in_features = _check_positive_int(in_features, "in_features")
+    if squeeze_features is None:
+      if not isinstance(rd_ratio, (int, float)) or not 0 < rd_ratio:
+        raise ValueError(f"`rd_ratio` must be a positive number; got {rd_ratio!r}.")
+      squeeze_features = make_divisible(
+          in_features * rd_ratio, _check_positive_int(rd_divisor, "rd_divisor"), round_limit=0.0)
+    self.squeeze_features = _check_positive_int(squeeze_features, "squeeze_features")
+    self.activation = _check_callable(activation, "activation")
+    self.gate = _check_callable(gate, "gate")
+    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
+    linear = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, **linear)
+    self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, **linear)
+
+  def __call__(self, inputs) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    x, batched = self._prepare(inputs)
+    scale = self.gate(self.fc2(self.activation(self.fc1(spatial_mean(x)))))
+    y = x * scale
+    return y if batched else y[0]
+
+  @classmethod
+  def from_torch(cls, state_dict: Mapping, **options):
+    """Builds the gate from a PyTorch squeeze-and-excitation state dict.
+
+    Accepted key sets: torchvision ``SqueezeExcitation`` and timm ``SEModule``
+    (``fc1.weight``, ``fc2.weight``, with or without ``fc1.bias``/``fc2.bias``),
+    and timm EfficientNet ``SqueezeExcite`` (``conv_reduce.*``,
+    ``conv_expand.*``). Weights are ``(out, in, 1, 1)`` or ``(out, in)``.
+    ``in_features``, ``squeeze_features`` and ``use_bias`` come from the
+    weights. Pass the peer's activation and gate when they are not ReLU and
+    sigmoid (EfficientNet: ``activation=nnx.silu``; MobileNetV3:
+    ``gate=hard_sigmoid``).
+
+    Args:
+      state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
+      **options: other constructor arguments (``activation``, ``gate``, ``dtype``...).
+    """
+    module = cls.__name__
+    _refuse_inferred(options, ("in_features", "squeeze_features", "use_bias", "rngs"), module)
+    layouts = []
+    for reduce, expand in (("fc1", "fc2"), ("conv_reduce", "conv_expand")):
+      weights = {f"{reduce}.weight", f"{expand}.weight"}
+      layouts += [(weights, set()), (weights | {f"{reduce}.bias", f"{expand}.bias"}, set())]
+    state = _read_state(state_dict, layouts, module)
+    reduce, expand = ("fc1", "fc2") if "fc1.weight" in state else ("conv_reduce", "conv_expand")
+    k1 = _matrix(state[f"{reduce}.weight"], f"{reduce}.weight", module)
+    k2 = _matrix(state[f"{expand}.weight"], f"{expand}.weight", module)
+    use_bias = f"{reduce}.bias" in state
+    se = _abstract(cls, k1.shape[0], k1.shape[1], use_bias=use_bias, **options)
+    _assign(se.fc1.kernel, k1, f"{reduce}.weight", module)
+    _assign(se.fc2.kernel, k2, f"{expand}.weight (transposed)", module)
+    if use_bias:
+      _assign(se.fc1.bias, state[f"{reduce}.bias"], f"{reduce}.bias", module)
+      _assign(se.fc2.bias, state[f"{expand}.bias"], f"{expand}.bias", module)
+    return _check_loaded(se)
+
+
+class EffectiveSqueezeExcitation(_Gate):
+  """Effective squeeze-and-excitation: ``x * gate(fc(mean over space of x)))``, one C-to-C map.
+
+  Lee and Park, "CenterMask: Real-Time Anchor-Free Instance Segmentation",
+  CVPR 2020, https://arxiv.org/abs/1911.06667, as timm's ``EffectiveSEModule``:
+  no reduction, so no channel information is lost, a projection with bias,
+  and a hard-sigmoid gate ``relu6(x + 3) / 6``.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from nnx_pool import EffectiveSqueezeExcitation
+    >>> ese = EffectiveSqueezeExcitation(4, rngs=nnx.Rngs(0))
+    >>> ese.fc.kernel.shape, ese(jnp.ones((3, 3, 4))).shape  # unbatched (H, W, C)
+    ((4, 4), (3, 3, 4))
+
+  Args:
+    in_features: the channel count ``C``.
+    gate: maps the projected vector to the scale (default :func:`hard_sigmoid`).
+    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
+    dtype: the computation dtype (default None: inferred from inputs and params).
+    param_dtype: the parameter dtype (default float32).
+    rngs: random number streams for the initial parameters.
+  """
+
+  def __init__(
+      self,
+      in_features: int,
+      *,
+      gate: Activation = hard_sigmoid,
+      num_spatial_dims: int = 2,
+      dtype=None,
+      param_dtype=jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.in_features = _check_positive_int(in_features, "in_features")
+    self.gate = _check_callable(gate, "gate")
+    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
+    self.fc = nnx.Linear(
+        self.in_features, self.in_features, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+  def __call__(self, inputs) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    x, batched = self._prepare(inputs)
+    y = x * self.gate(self.fc(spatial_mean(x)))
+    return y if batched else y[0]
+
+  @classmethod
+  def from_torch(cls, state_dict: Mapping, **options):
+    """Builds the gate from timm ``EffectiveSEModule``'s state dict (``fc.weight``, ``fc.bias``).
+
+    ``in_features`` comes from the weight, ``(C, C, 1, 1)`` or ``(C, C)``.
+    timm's ``add_maxpool=True`` variant is not supported.
+
+    Args:
+      state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
+      **options: other constructor arguments (``gate``, ``dtype``...).
+    """
+    module = cls.__name__
+    _refuse_inferred(options, ("in_features", "rngs"), module)
+    state = _read_state(state_dict, [({"fc.weight", "fc.bias"}, set())], module)
+    kernel = _matrix(state["fc.weight"], "fc.weight", module)
+    if kernel.shape[0] != kernel.shape[1]:
+      raise ValueError(f"{module}.from_torch: `fc.weight` must be C-to-C; got {kernel.T.shape}.")
+    ese = _abstract(cls, kernel.shape[0], **options)
+    _assign(ese.fc.kernel, kernel, "fc.weight (transposed)", module)
+    _assign(ese.fc.bias, state["fc.bias"], "fc.bias", module)
+    return _check_loaded(ese)
+
+
+def eca_kernel_size(in_features: int, gamma: float = 2, beta: float = 1) -> int:
+  """ECA's adaptive kernel size: ``t = int(|log2(C) + beta| / gamma)``, made odd, at least 3.
+
+  >>> eca_kernel_size(64), eca_kernel_size(128), eca_kernel_size(2048)
+  (3, 5, 7)
+  """
+  t = int(abs(math.log(in_features, 2) + beta) / gamma)  # timm's expression
+  return max(t if t % 2 else t + 1, 3)
+
+
+class EfficientChannelAttention(_Gate):
+  """Efficient channel attention: ``x * gate(conv1d over channels of (mean over space of x)))``.
+
+  Wang et al., "ECA-Net: Efficient Channel Attention for Deep Convolutional
+  Neural Networks", CVPR 2020, https://arxiv.org/abs/1910.03151, as timm's
+  ``EcaModule``: the pooled channel vector is treated as a 1-D signal and
+  convolved (one input and one output channel, zero padding ``(k - 1) // 2``,
+  no bias) so each channel's scale depends on its ``k`` neighbours. When
+  ``kernel_size`` is None, ``k`` comes from the channel count by
+  :func:`eca_kernel_size` (64 channels give 3, 128 give 5, 2048 give 7).
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from nnx_pool import EfficientChannelAttention
+    >>> eca = EfficientChannelAttention(128, rngs=nnx.Rngs(0))
+    >>> eca.kernel_size, eca(jnp.ones((2, 4, 4, 128))).shape
+    (5, (2, 4, 4, 128))
+
+  Args:
+    in_features: the channel count ``C``; may be None when ``kernel_size`` is
+      given (then the channel axis is not checked).
+    kernel_size: an odd positive kernel size (default None: from ``in_features``).
+    gamma: the divisor of the kernel-size rule (default 2).
+    beta: the offset of the kernel-size rule (default 1).
+    gate: maps the convolved vector to the scale (default ``nnx.sigmoid``).
+    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
+    dtype: the computation dtype (default None: inferred from inputs and params).
+    param_dtype: the parameter dtype (default float32).
+    rngs: random number streams for the initial parameters.
+  """
+
+  def __init__(
+      self,
+      in_features: int | None = None,
+      kernel_size: int | None = None,
+      *,
+      gamma: float = 2,
+      beta: float = 1,
+      gate: Activation = nnx.sigmoid,
+      num_spatial_dims: int = 2,
+      dtype=None,
+      param_dtype=jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    if in_features is None and kernel_size is None:
+      raise ValueError(
+          "EfficientChannelAttention needs `in_features` or `kernel_size`; got neither.")
+    if in_features is not None:
+      in_features = _check_positive_int(in_features, "in_features")
+    self.in_features = in_features
+    if kernel_size is None:
+      kernel_size = eca_kernel_size(self.in_features, gamma, beta)
+    kernel_size = _check_positive_int(kernel_size, "kernel_size")
+    if kernel_size % 2 == 0:
+      raise ValueError(
+          f"`kernel_size` must be odd (the output keeps C channels); got {kernel_size}.")
+    self.kernel_size = kernel_size
+    self.gate = _check_callable(gate, "gate")
+    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
+    pad = (kernel_size - 1) // 2
+    self.conv = nnx.Conv(
+        1, 1, (kernel_size,), padding=((pad, pad),), use_bias=False, dtype=dtype,
+        param_dtype=param_dtype, rngs=rngs,
+    )
+
+  def __call__(self, inputs) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    x, batched = self._prepare(inputs)
+    pooled = spatial_mean(x)
+    signal = pooled.reshape(x.shape[0], x.shape[-1], 1)  # channels as a 1-D signal
+    scale = self.gate(self.conv(signal)).reshape(pooled.shape)
+    y = x * scale
+    return y if batched else y[0]
+
+  @classmethod
+  def from_torch(cls, state_dict: Mapping, **options):
+    """Builds the gate from timm ``EcaModule``'s state dict (``conv.weight``, shape ``(1, 1, k)``).
+
+    ``kernel_size`` comes from the weight; the weight does not hold the
+    channel count, so pass ``in_features`` to have the input checked.
+
+    Args:
+      state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
+      **options: other constructor arguments (``in_features``, ``gate``, ``dtype``...).
+    """
+    module = cls.__name__
+    _refuse_inferred(options, ("kernel_size", "rngs"), module)
+    state = _read_state(state_dict, [({"conv.weight"}, set())], module)
+    w = state["conv.weight"]
+    if w.ndim != 3 or w.shape[:2] != (1, 1):
+      raise ValueError(
+          f"{module}.from_torch: `conv.weight` must be a Conv1d(1, 1, k) weight of shape "
+          f"(1, 1, k); got {w.shape}. (timm's use_mlp=True variant is not supported.)"
+      )
+    eca = _abstract(cls, options.pop("in_features", None), w.shape[2], **options)
+    _assign(eca.conv.kernel, w.reshape(-1, 1, 1), "conv.weight", module)
+    return _check_loaded(eca)
+
+
+class CBAM(_Gate):
+  """Convolutional block attention: a channel gate from mean and max, then a spatial gate.
+
+  Woo et al., "CBAM: Convolutional Block Attention Module", ECCV 2018,
+  https://arxiv.org/abs/1807.06521, as timm's ``CbamModule``:
+
+  1. channel attention ``x * gate(mlp(mean over space) + mlp(max over space))``
+     with one shared MLP ``fc2(activation(fc1(.)))``;
+  2. spatial attention ``x * gate(norm(conv([mean over C, max over C])))``, a
+     ``spatial_kernel_size`` convolution from 2 maps to 1 without bias, zero
+     padded to keep the size, followed by a one-channel BatchNorm.
+
+  The BatchNorm is kept, as in timm and the authors' code, so that PyTorch
+  weights load exactly; like every :class:`flax.nnx.BatchNorm` it starts in
+  training mode (batch statistics, momentum 0.9 = PyTorch's 0.1, epsilon 1e-5):
+  call ``.eval()`` for inference. The reduced width, when
+  ``squeeze_features`` is None, is timm's
+  ``make_divisible(in_features * rd_ratio, rd_divisor, round_limit=0)``.
+  The maxima propagate NaN and share their gradient between ties, as
+  ``torch.amax``.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from nnx_pool import CBAM
+    >>> cbam = CBAM(32, rngs=nnx.Rngs(0))
+    >>> cbam.fc1.kernel.shape, cbam.spatial_conv.kernel.shape, cbam(jnp.ones((2, 8, 8, 32))).shape
+    ((32, 2), (7, 7, 2, 1), (2, 8, 8, 32))
+
+  Args:
+    in_features: the channel count ``C``.
+    squeeze_features: the MLP's hidden width (default None: from ``rd_ratio``).
+    rd_ratio: the reduction ratio when ``squeeze_features`` is None (default 1/16).
+    rd_divisor: the hidden width is rounded to a multiple of this (default 1).
+    spatial_kernel_size: the odd size of the spatial convolution (default 7).
+    activation: the MLP's activation (default ``nnx.relu``).
+    gate: maps both attention maps to scales (default ``nnx.sigmoid``).
+    use_bias: whether the MLP layers have a bias (default False, as timm).
+    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2);
+      the spatial convolution has that many dims.
+    dtype: the computation dtype (default None: inferred from inputs and params).
+    param_dtype: the parameter dtype (default float32).
+    rngs: random number streams for the initial parameters.
+  """
+
+  def __init__(
+      self,
+      in_features: int,
+      squeeze_features: int | None = None,
+      *,
+      rd_ratio: float = 1 / 16,
+      rd_divisor: int = 1,
+      spatial_kernel_size: int = 7,
+      activation: Activation = nnx.relu,
+      gate: Activation = nnx.sigmoid,
+      use_bias: bool = False,
+      num_spatial_dims: int = 2,
+      dtype=None,
+      param_dtype=jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.in_features = _check_positive_int(in_features, "in_features")
+    if squeeze_features is None:
+      if not isinstance(rd_ratio, (int, float)) or not 0 < rd_ratio:
+        raise ValueError(f"`rd_ratio` must be a positive number; got {rd_ratio!r}.")
+      squeeze_features = make_divisible(
+          in_features * rd_ratio, _check_positive_int(rd_divisor, "rd_divisor"), round_limit=0.0)
+    self.squeeze_features = _check_positive_int(squeeze_features, "squeeze_features")
+    k = _check_positive_int(spatial_kernel_size, "spatial_kernel_size")
+    if k % 2 == 0:
+      raise ValueError(f"`spatial_kernel_size` must be odd (to keep the size); got {k}.")
+    self.spatial_kernel_size = k
+    self.activation = _check_callable(activation, "activation")
+    self.gate = _check_callable(gate, "gate")
+    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
+    common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, use_bias=use_bias, **common)
+    self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, use_bias=use_bias, **common)
+    pad = ((k - 1) // 2, (k - 1) // 2)
+    self.spatial_conv = nnx.Conv(
+        2, 1, (k,) * self.num_spatial_dims, padding=(pad,) * self.num_spatial_dims,
+        use_bias=False, **common,
+    )
+    self.spatial_norm = nnx.BatchNorm(1, momentum=0.9, epsilon=1e-5, **common)
+
+  def __call__(self, inputs) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    x, batched = self._prepare(inputs)
+    space = tuple(range(1, x.ndim - 1))
+
+    def mlp(v):
+      return self.fc2(self.activation(self.fc1(v)))
+
+    x = x * self.gate(mlp(spatial_mean(x)) + mlp(_amax(x, space)))
+    maps = jnp.concatenate([jnp.mean(x, axis=-1, keepdims=True), _amax(x, -1)], axis=-1)
+    y = x * self.gate(self.spatial_norm(self.spatial_conv(maps)))
+    return y if batched else y[0]
+
+  @classmethod
+  def from_torch(cls, state_dict: Mapping, **options):
+    """Builds the gate from timm ``CbamModule``'s state dict.
+
+    Keys: ``channel.fc1.weight``, ``channel.fc2.weight`` (with or without
+    ``channel.fc1.bias``/``channel.fc2.bias``), ``spatial.conv.conv.weight``
+    ``(1, 2, k, k)`` and ``spatial.conv.bn.{weight, bias, running_mean,
+    running_var}`` (``num_batches_tracked`` is accepted and ignored).
+    ``in_features``, ``squeeze_features``, ``use_bias``,
+    ``spatial_kernel_size`` and ``num_spatial_dims`` come from the weights. The
+    module is returned in training mode, as PyTorch's; call ``.eval()``.
+
+    Args:
+      state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
+      **options: other constructor arguments (``activation``, ``gate``, ``dtype``...).
+    """
+    module = cls.__name__
+    _refuse_inferred(
+        options,
+        ("in_features", "squeeze_features", "use_bias", "spatial_kernel_size", "num_spatial_dims",
+         "rngs"),
+        module,
+    )
+    norm = {f"spatial.conv.bn.{k}" for k in ("weight", "bias", "running_mean", "running_var")}
+    required = {"channel.fc1.weight", "channel.fc2.weight", "spatial.conv.conv.weight"} | norm
+    optional = {"spatial.conv.bn.num_batches_tracked"}
+    state = _read_state(
+        state_dict,
+        [(required, optional),
+         (required | {"channel.fc1.bias", "channel.fc2.bias"}, optional)],
+        module,
+    )
+    k1 = _matrix(state["channel.fc1.weight"], "channel.fc1.weight", module)
+    k2 = _matrix(state["channel.fc2.weight"], "channel.fc2.weight", module)
+    conv = state["spatial.conv.conv.weight"]
+    if not (3 <= conv.ndim <= 5 and conv.shape[:2] == (1, 2)):
+      raise ValueError(
+          f"{module}.from_torch: `spatial.conv.conv.weight` must have shape (1, 2, k, ...) "
+          f"with 1 to 3 spatial dims; got {conv.shape}."
+      )
+    use_bias = "channel.fc1.bias" in state
+    cbam = _abstract(
+        cls, k1.shape[0], k1.shape[1], spatial_kernel_size=conv.shape[2], use_bias=use_bias,
+        num_spatial_dims=conv.ndim - 2, **options,
+    )
+    _assign(cbam.fc1.kernel, k1, "channel.fc1.weight", module)
+    _assign(cbam.fc2.kernel, k2, "channel.fc2.weight (transposed)", module)
+    if use_bias:
+      _assign(cbam.fc1.bias, state["channel.fc1.bias"], "channel.fc1.bias", module)
+      _assign(cbam.fc2.bias, state["channel.fc2.bias"], "channel.fc2.bias", module)
+    # (out, in, *k) -> (*k, in, out)
+    _assign(cbam.spatial_conv.kernel, np.moveaxis(conv, (0, 1), (-1, -2)),
+            "spatial.conv.conv.weight", module)
+    bn = cbam.spatial_norm
+    for name, variable in (("weight", bn.scale), ("bias", bn.bias), ("running_mean", bn.mean),
+                           ("running_var", bn.var)):
+      _assign(variable, state[f"spatial.conv.bn.{name}"], f"spatial.conv.bn.{name}", module)
+    return _check_loaded(cbam)

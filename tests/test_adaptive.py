@@ -1,0 +1,437 @@
+"""Tests for global, adaptive and selectable pooling (nnx_pool._adaptive).
+
+Each expectation says where it comes from: a hand computation, a seed
+fixture, a test vector of SEMANTICS.md, the NumPy mirror (nnx_pool.reference)
+or PyTorch 2.13 CPU. The PyTorch tests skip cleanly when torch is absent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_pool import _adaptive, reference
+from nnx_pool._adaptive import (
+    AdaptiveAvgPool,
+    AdaptiveMaxPool,
+    GlobalAvgPool,
+    GlobalMaxPool,
+    SelectAdaptivePool,
+)
+
+_TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
+
+
+def line(values):
+  """A 1-D signal as (1, L, 1)."""
+  return jnp.asarray(values, jnp.float32)[None, :, None]
+
+
+def seed000_map(h, w, c=3, n=2):
+  """Integer-generated (n, h, w, c) maps, values in [-7, 7]: every partial sum is exact."""
+  n_, i, j, k = np.meshgrid(np.arange(n), np.arange(h), np.arange(w), np.arange(c), indexing="ij")
+  return ((n_ * 5 + i * 7 + j * 3 + k * 11) % 15 - 7).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------
+# Global pools.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("h, w", [(5, 7), (8, 8), (64, 64), (128, 128)])
+def test_globalavgpool_seed000_bit_exact(h, w):
+  # seed 000: integer-generated maps whose sums are exact in any order, so the
+  # mean is bit-exact against the closed form float32(sum) / float32(h * w).
+  x = seed000_map(h, w)
+  closed_form = x.astype(np.int64).sum(axis=(1, 2)).astype(np.float32) / np.float32(h * w)
+  eager = GlobalAvgPool()(x)
+  jitted = jax.jit(lambda a: GlobalAvgPool()(a))(x)
+  assert eager.shape == (2, 3) and eager.dtype == jnp.float32
+  np.testing.assert_array_equal(eager, closed_form)
+  np.testing.assert_array_equal(jitted, closed_form)
+
+
+def test_globalavgpool_keepdims_unbatched_and_1d_3d():
+  # Hand computation: arange(12) as (2, 3, 2) (H, W, C): channel 0 holds 0, 2, ..., 10
+  # (mean 5), channel 1 holds 1, 3, ..., 11 (mean 6).
+  x = jnp.arange(12.0).reshape(2, 3, 2)
+  np.testing.assert_array_equal(GlobalAvgPool()(x), [5.0, 6.0])
+  assert GlobalAvgPool(keepdims=True)(x).shape == (1, 1, 2)
+  assert GlobalAvgPool(keepdims=True)(x[None]).shape == (1, 1, 1, 2)
+  # 1-D: (N, L, C) = (1, 4, 1) of [1, 2, 3, 6] -> 3; 3-D: ones -> 1.
+  np.testing.assert_array_equal(GlobalAvgPool(num_spatial_dims=1)(line([1, 2, 3, 6])), [[3.0]])
+  y = GlobalAvgPool(num_spatial_dims=3, keepdims=True)(jnp.ones((2, 3, 4, 5, 6)))
+  np.testing.assert_array_equal(y, np.ones((2, 1, 1, 1, 6)))
+
+
+def test_globalmaxpool_values_nan_and_integers():
+  # Hand computation: per-channel maxima of a 2x2 map; NaN propagates; int32 kept.
+  x = jnp.array([[[3.0, 0.0], [1.0, 5.0]], [[2.0, 7.0], [4.0, 1.0]]])
+  np.testing.assert_array_equal(GlobalMaxPool()(x), [4.0, 7.0])
+  x_nan = x.at[1, 0, 1].set(jnp.nan)
+  np.testing.assert_array_equal(GlobalMaxPool()(x_nan), [4.0, np.nan])
+  y = GlobalMaxPool()(jnp.array([[[3], [9]], [[-2], [4]]], jnp.int32))
+  np.testing.assert_array_equal(y, [9])
+  assert y.dtype == jnp.int32
+
+
+def test_globalmaxpool_gradient_goes_to_first_tie():
+  # Hand computation: the plane [[5, 1], [5, 5]] has its first maximum at cell 0, so
+  # (as PyTorch's adaptive_max_pool2d(x, 1)) all of the gradient goes there, unsplit.
+  x = jnp.array([[5.0, 1.0], [5.0, 5.0]])[None, :, :, None]
+  grad = jax.grad(lambda a: GlobalMaxPool()(a).sum())(x)
+  np.testing.assert_array_equal(grad[0, :, :, 0], [[1.0, 0.0], [0.0, 0.0]])
+
+
+def test_globalpool_matches_numpy_mirror():
+  # NumPy mirror (reference.global_avg_pool / global_max_pool) on random floats.
+  x = np.random.default_rng(0).standard_normal((3, 6, 5, 4)).astype(np.float32)
+  np.testing.assert_allclose(GlobalAvgPool()(x), reference.global_avg_pool(x), rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(GlobalMaxPool()(x), reference.global_max_pool(x))
+
+
+# ----------------------------------------------------------------------------
+# Adaptive pools: explicit vectors.
+# ----------------------------------------------------------------------------
+
+
+def test_adaptiveavgpool_pytorch_bins_not_equinox():
+  # SEMANTICS.md: arange(14) to 4. PyTorch's overlapping bins [0,4) [3,7) [7,11) [10,14)
+  # give [1.5, 4.5, 8.5, 11.5]; Equinox's partition gives [1.5, 5.5, 9, 12]. We follow PyTorch.
+  y = AdaptiveAvgPool((4,))(line(np.arange(14)))[0, :, 0]
+  np.testing.assert_array_equal(y, [1.5, 4.5, 8.5, 11.5])
+  assert not np.array_equal(y, [1.5, 5.5, 9.0, 12.0])
+
+
+def test_adaptivepool_overlapping_bins_1d():
+  # Hand computation: 5 cells to 3 bins [0,2) [1,4) [3,5) over [0, 1, 2, 3, 4].
+  x = line(np.arange(5))
+  np.testing.assert_array_equal(AdaptiveAvgPool((3,))(x)[0, :, 0], [0.5, 2.0, 3.5])
+  values, indices = AdaptiveMaxPool((3,), return_indices=True)(x)
+  np.testing.assert_array_equal(values[0, :, 0], [1.0, 3.0, 4.0])
+  np.testing.assert_array_equal(indices[0, :, 0], [1, 3, 4])
+  assert indices.dtype == jnp.int32
+
+
+def test_adaptivepool_2d_hand_computed():
+  # Hand computation: arange(9) as 3x3 to 2x2; rows and columns both bin to [0,2) [1,3),
+  # so the boxes are {0,1,3,4}, {1,2,4,5}, {3,4,6,7}, {4,5,7,8}.
+  x = jnp.arange(9.0).reshape(1, 3, 3, 1)
+  np.testing.assert_array_equal(AdaptiveAvgPool(2)(x)[0, ..., 0], [[2.0, 3.0], [5.0, 6.0]])
+  values, indices = AdaptiveMaxPool(2, return_indices=True)(x)
+  np.testing.assert_array_equal(values[0, ..., 0], [[4.0, 5.0], [7.0, 8.0]])
+  np.testing.assert_array_equal(indices[0, ..., 0], [[4, 5], [7, 8]])
+
+
+def test_adaptivepool_output_larger_than_input_and_none():
+  # Hand computation: 2 cells to 3 bins [0,1) [0,2) [1,2): [2, 6] -> [2, 4, 6].
+  np.testing.assert_array_equal(AdaptiveAvgPool((3,))(line([2, 6]))[0, :, 0], [2.0, 4.0, 6.0])
+  # None keeps a dim: arange(6) as 2x3 to (None, 1) gives the row means [1, 4].
+  y = AdaptiveAvgPool((None, 1))(jnp.arange(6.0).reshape(1, 2, 3, 1))
+  np.testing.assert_array_equal(y[0, :, :, 0], [[1.0], [4.0]])
+
+
+def test_adaptivemaxpool_ties_first_and_nan_last():
+  # Hand computation of PyTorch's scan (val > max or isnan(val)): 4 cells to bins
+  # [0,2) [1,3) [2,4). On [5, 5, 1, 5] the first 5 of each bin wins: cells 0, 1, 3.
+  _, indices = AdaptiveMaxPool((3,), return_indices=True)(line([5, 5, 1, 5]))
+  np.testing.assert_array_equal(indices[0, :, 0], [0, 1, 3])
+  # On [nan, 1, nan, 2] to one bin the last NaN (cell 2) wins.
+  values, indices = AdaptiveMaxPool((1,), return_indices=True)(line([np.nan, 1, np.nan, 2]))
+  assert np.isnan(values[0, 0, 0]) and indices[0, 0, 0] == 2
+
+
+def test_adaptivemaxpool_3d_flat_index():
+  # Hand computation: a single 1 at (d, h, w) = (1, 2, 3) of a 2x3x4 volume has the flat
+  # per-plane index (1 * 3 + 2) * 4 + 3 = 23; bins (1, 2, 2) = [0,2) x {[0,2),[1,3)} x
+  # {[0,2),[2,4)} put it in output (0, 1, 1) only.
+  x = jnp.zeros((1, 2, 3, 4, 1)).at[0, 1, 2, 3, 0].set(1.0)
+  values, indices = AdaptiveMaxPool((1, 2, 2), return_indices=True)(x)
+  np.testing.assert_array_equal(values[0, 0, ..., 0], [[0.0, 0.0], [0.0, 1.0]])
+  assert indices[0, 0, 1, 1, 0] == 23
+
+
+def test_adaptivepool_integer_dtypes():
+  # Max takes integers (hand computation: [3, 9, -2, 4] to 2 bins -> [9, 4]); average refuses.
+  y = AdaptiveMaxPool((2,))(jnp.array([[3], [9], [-2], [4]], jnp.int32))
+  np.testing.assert_array_equal(y[:, 0], [9, 4])
+  assert y.dtype == jnp.int32
+  with pytest.raises(TypeError, match="floating dtype"):
+    AdaptiveAvgPool((2,))(jnp.array([[3], [9]], jnp.int32))
+
+
+def test_adaptiveavgpool_bfloat16_sums_in_float32():
+  # Hand computation: 256 ones and a 1 on a bfloat16 line to 1 bin: a bfloat16 running sum
+  # would stall at 256, the float32 sum gives 257 / 257 = 1.
+  x = jnp.ones((1, 257, 1), jnp.bfloat16)
+  y = AdaptiveAvgPool((1,))(x)
+  assert y.dtype == jnp.bfloat16 and float(y[0, 0, 0]) == 1.0
+
+
+def test_adaptivepool_unbatched_equals_batched():
+  x = np.random.default_rng(1).standard_normal((7, 5, 3)).astype(np.float32)
+  for pool in (AdaptiveAvgPool((3, 2)), AdaptiveMaxPool((3, 2)), GlobalAvgPool()):
+    np.testing.assert_array_equal(pool(x), pool(x[None])[0])
+
+
+def test_adaptivepool_matches_numpy_mirror_on_every_path():
+  # NumPy mirror (reference.adaptive_*_pool): the global path (1, 1), the window-kernel
+  # path (divisible, <= 64 cells), the per-dim reshape path (divisible, 81 cells) and the
+  # gather path (not divisible). The mirror divides once by the cell count while PyTorch
+  # (and we) divide per dim, hence one ULP of tolerance on averages.
+  rng = np.random.default_rng(2)
+  for spatial, out in [((6, 5), (1, 1)), ((8, 6), (4, 3)), ((18, 9), (2, 1)), ((7, 5), (3, 4))]:
+    x = rng.integers(-4, 5, (2, *spatial, 3)).astype(np.float32)
+    x[0, 0, 0, 0] = np.nan
+    np.testing.assert_allclose(
+        AdaptiveAvgPool(out)(x), reference.adaptive_avg_pool(x, out), rtol=2e-7)
+    values, indices = AdaptiveMaxPool(out, return_indices=True)(x)
+    ref_values, ref_indices = reference.adaptive_max_pool(x, out)
+    np.testing.assert_array_equal(values, ref_values)
+    np.testing.assert_array_equal(indices, ref_indices)
+
+
+def test_adaptivepool_fast_paths_agree_with_per_dim_path(monkeypatch):
+  # The window-kernel path against the per-dim path on the same divisible sizes, with ties
+  # and NaN: both must give the same values and indices, bit for bit.
+  x = np.random.default_rng(3).integers(0, 3, (2, 8, 12, 2)).astype(np.float32)
+  x[1, 2, 3, 1] = np.nan
+  fast = AdaptiveMaxPool((4, 3), return_indices=True)(x), AdaptiveAvgPool((4, 3))(x)
+  monkeypatch.setattr(_adaptive, "_MAX_WINDOW_CELLS", 0)
+  slow = AdaptiveMaxPool((4, 3), return_indices=True)(x), AdaptiveAvgPool((4, 3))(x)
+  for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(slow)):
+    np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------
+# Gradients, eager and jit.
+# ----------------------------------------------------------------------------
+
+
+def test_adaptivemaxpool_gradient_lands_on_index_cell():
+  # Hand computation: [5, 5, 1, 5, 0] to 3 bins [0,2) [1,4) [3,5): the first maxima are
+  # cells 0, 1, 3; output gradients 1, 2, 3 land there and nowhere else.
+  x = line([5, 5, 1, 5, 0])
+  pool = AdaptiveMaxPool((3,), return_indices=True)
+  _, indices = pool(x)
+  np.testing.assert_array_equal(indices[0, :, 0], [0, 1, 3])
+  g = jnp.array([1.0, 2.0, 3.0])[None, :, None]
+  grad = jax.grad(lambda a: (pool(a)[0] * g).sum())(x)
+  np.testing.assert_array_equal(grad[0, :, 0], [1.0, 2.0, 0.0, 3.0, 0.0])
+  # Forward mode agrees.
+  tangent = jax.jvp(lambda a: pool(a)[0], (x,), (jnp.arange(5.0)[None, :, None],))[1]
+  np.testing.assert_array_equal(tangent[0, :, 0], [0.0, 1.0, 3.0])
+
+
+def test_adaptiveavgpool_gradient_hand_computed():
+  # Hand computation: 5 cells to bins [0,2) [1,4) [3,5) of sizes 2, 3, 2; d(sum)/dx is
+  # 1/2, 1/2 + 1/3, 1/3, 1/3 + 1/2, 1/2.
+  grad = jax.grad(lambda a: AdaptiveAvgPool((3,))(a).sum())(line(np.arange(5)))
+  np.testing.assert_allclose(grad[0, :, 0], [0.5, 5 / 6, 1 / 3, 5 / 6, 0.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [GlobalAvgPool(), GlobalMaxPool(), AdaptiveAvgPool((3, 5)), AdaptiveMaxPool((3, 5)),
+     AdaptiveMaxPool((2, 2)), SelectAdaptivePool(2, pool_type="catavgmax", flatten=True)],
+    ids=["global_avg", "global_max", "adaptive_avg", "adaptive_max", "adaptive_max_window",
+         "select_catavgmax"],
+)
+def test_adaptivepools_eager_equals_jit_and_gradients_finite(pool):
+  x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 7, 6, 3)), jnp.float32)
+  eager = pool(x)
+  jitted = nnx.jit(lambda m, a: m(a))(pool, x)
+  np.testing.assert_array_equal(eager, jitted)
+  grad = jax.grad(lambda a: (pool(a) ** 2).sum())(x)
+  assert grad.shape == x.shape and bool(jnp.isfinite(grad).all())
+
+
+# ----------------------------------------------------------------------------
+# SelectAdaptivePool.
+# ----------------------------------------------------------------------------
+
+
+def test_selectadaptivepool_types_hand_computed():
+  # Hand computation on one 2x2 plane [[1, 2], [3, 6]]: avg 3, max 6, avgmax 4.5.
+  x = jnp.array([[1.0, 2.0], [3.0, 6.0]])[None, :, :, None]
+  expected = {"avg": [3.0], "max": [6.0], "avgmax": [4.5], "catavgmax": [3.0, 6.0]}
+  for pool_type, want in expected.items():
+    pool = SelectAdaptivePool(pool_type=pool_type, flatten=True)
+    np.testing.assert_array_equal(pool(x), [want])
+    assert pool.feat_mult() == len(want)
+
+
+def test_selectadaptivepool_shapes_and_flatten():
+  x = jnp.ones((2, 6, 6, 5))
+  assert SelectAdaptivePool()(x).shape == (2, 1, 1, 5)
+  assert SelectAdaptivePool(pool_type="catavgmax")(x).shape == (2, 1, 1, 10)
+  assert SelectAdaptivePool(3, pool_type="catavgmax", flatten=True)(x).shape == (2, 90)
+  assert SelectAdaptivePool(flatten=True)(x[0]).shape == (5,)
+
+
+# ----------------------------------------------------------------------------
+# Argument and input errors.
+# ----------------------------------------------------------------------------
+
+
+def test_adaptivepool_output_size_forms():
+  assert AdaptiveAvgPool(3).output_size == (3, 3)
+  assert AdaptiveAvgPool(3, num_spatial_dims=3).output_size == (3, 3, 3)
+  assert AdaptiveAvgPool((None, 4)).output_size == (None, 4)
+  with pytest.raises(ValueError, match="`output_size`"):
+    AdaptiveAvgPool(0)
+  with pytest.raises(ValueError, match="`output_size`"):
+    AdaptiveAvgPool((1, 2, 3, 4))
+  with pytest.raises(TypeError, match="`output_size`"):
+    AdaptiveMaxPool((2, "a"))
+  with pytest.raises(TypeError, match="`output_size`"):
+    AdaptiveMaxPool(2.0)
+  with pytest.raises(ValueError, match="`num_spatial_dims` is 1"):
+    AdaptiveAvgPool((2, 2), num_spatial_dims=1)
+  with pytest.raises(ValueError, match="`num_spatial_dims` must be 1, 2 or 3"):
+    GlobalAvgPool(num_spatial_dims=4)
+  with pytest.raises(TypeError, match="`keepdims`"):
+    GlobalMaxPool(keepdims=1)
+  with pytest.raises(ValueError, match="`pool_type`"):
+    SelectAdaptivePool(pool_type="fast")
+
+
+def test_adaptivepool_rank_and_layout_errors():
+  with pytest.raises(ValueError, match="rank 4 or 3"):
+    AdaptiveAvgPool(2)(jnp.ones((2, 3, 4, 5, 6)))
+  with pytest.raises(ValueError, match=r"NCHW.*jnp.moveaxis\(x, 1, -1\)"):
+    GlobalAvgPool(in_features=3)(jnp.ones((2, 3, 8, 8)))
+  with pytest.raises(ValueError, match="in_features=3"):
+    AdaptiveMaxPool(2, in_features=3)(jnp.ones((2, 8, 8, 4)))
+
+
+# ----------------------------------------------------------------------------
+# PyTorch 2.13 parity.
+# ----------------------------------------------------------------------------
+
+
+def _parity_configs():
+  """(spatial, output_size, batched): hand-picked paths plus a seeded sweep."""
+  picked = [
+      ((14,), (4,), True), ((5,), (3,), True), ((3,), (5,), True), ((10,), (5,), True),
+      ((13,), (1,), False), ((130,), (2,), True),
+      ((5, 7), (2, 3), True), ((8, 8), (4, 4), True), ((4, 4), (7, 3), True),
+      ((5, 7), (None, 2), False), ((6, 5), (1, 1), True), ((18, 18), (2, 2), True),
+      ((3, 5, 7), (2, 3, 4), True), ((2, 3, 4), (3, None, 5), True), ((3, 5, 7), (1, 1, 1), False),
+  ]
+  rng = np.random.default_rng(2026)
+  swept = []
+  for _ in range(5):
+    ndim = int(rng.integers(1, 4))
+    spatial = tuple(int(v) for v in rng.integers(1, {1: 20, 2: 10, 3: 6}[ndim], ndim))
+    out = tuple(int(v) for v in rng.integers(1, {1: 20, 2: 10, 3: 6}[ndim], ndim))
+    swept.append((spatial, out, bool(rng.random() < 0.8)))
+  return picked + swept
+
+
+def _parity_inputs(spatial, rng):
+  """Four kinds as the batch, two channels each: distinct values, ties, NaN, +-inf."""
+  size = int(np.prod(spatial)) * 2
+  kinds = [
+      rng.permutation(size).astype(np.float32) - size / 2,  # distinct
+      rng.integers(-2, 3, size).astype(np.float32),  # many ties
+      np.where(rng.random(size) < 0.2, np.nan, rng.integers(-2, 3, size)).astype(np.float32),
+      np.choose(rng.integers(0, 3, size), [-np.inf, np.inf, rng.integers(-2, 3, size)]
+                ).astype(np.float32),
+  ]
+  return np.stack([k.reshape(*spatial, 2) for k in kinds])
+
+
+def _torch_adaptive(torch, x, out, kind):
+  """PyTorch's functional adaptive pool on a channels-last NumPy array."""
+  ndim = x.ndim - 2
+  fn = getattr(torch.nn.functional, f"adaptive_{kind}_pool{ndim}d")
+  if ndim == 1:  # adaptive_*_pool1d refuses None; 2-D and 3-D take it as "keep"
+    out = tuple(x.shape[1] if t is None else t for t in out)
+  xt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1)))
+  result = fn(xt, out, return_indices=True) if kind == "max" else (fn(xt, out),)
+  return [np.moveaxis(r.numpy(), 1, -1) for r in result]
+
+
+def test_adaptivepools_match_pytorch_sweep():
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  rng = np.random.default_rng(7)
+  configs = _parity_configs()
+  inputs = [_parity_inputs(spatial, rng) for spatial, _, _ in configs]
+  # Averages of integer-valued data (every kind but the first) must match bit for bit;
+  # the first kind is standard normal, within float32 rounding (the sums run in another order).
+  avg_inputs = [np.concatenate([rng.standard_normal(x[:1].shape), x[1:]]).astype(np.float32)
+                for x in inputs]
+
+  def ours(xs, avg_xs):
+    results = []
+    for (spatial, out, batched), x, xa in zip(configs, xs, avg_xs):
+      if not batched:  # unbatched: fold the four kinds into the channel axis
+        x = jnp.moveaxis(x, 0, -2).reshape(*spatial, -1)
+        xa = jnp.moveaxis(xa, 0, -2).reshape(*spatial, -1)
+      values, indices = AdaptiveMaxPool(out, return_indices=True)(x)
+      results.append((values, indices, AdaptiveAvgPool(out)(xa)))
+    return results
+
+  for (spatial, out, batched), x, xa, (values, indices, avg) in zip(
+      configs, inputs, avg_inputs, jax.jit(ours)(inputs, avg_inputs)):
+    if not batched:
+      unfold = lambda a: np.moveaxis(np.asarray(a).reshape(*a.shape[:-1], 4, 2), -2, 0)
+      values, indices, avg = unfold(values), unfold(indices), unfold(avg)
+    t_values, t_indices = _torch_adaptive(torch, x, out, "max")
+    (t_avg,) = _torch_adaptive(torch, xa, out, "avg")
+    msg = f"spatial={spatial} output_size={out} batched={batched}"
+    np.testing.assert_array_equal(values, t_values, err_msg=msg)
+    np.testing.assert_array_equal(indices, t_indices, err_msg=msg)
+    np.testing.assert_array_equal(avg[1:], t_avg[1:], err_msg=msg)
+    np.testing.assert_allclose(avg[:1], t_avg[:1], rtol=1e-5, atol=1e-6, err_msg=msg)
+
+
+def test_adaptivepools_gradients_match_pytorch():
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  rng = np.random.default_rng(8)
+  configs = [c for c in _parity_configs() if c[2]][:8]
+  # Finite inputs with ties (kinds 0 and 1): the max gradient must land where PyTorch's does.
+  inputs = [_parity_inputs(spatial, rng)[:2] for spatial, _, _ in configs]
+  shapes = [(2, *(s if t is None else t for s, t in zip(spatial, out)), 2)
+            for spatial, out, _ in configs]
+  cotangents = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+  def grads(xs, gs):
+    out = []
+    for (_, size, _), x, g in zip(configs, xs, gs):
+      g_max = jax.vjp(AdaptiveMaxPool(size), x)[1](g)[0]
+      g_avg = jax.vjp(AdaptiveAvgPool(size), x)[1](g)[0]
+      out.append((g_max, g_avg))
+    return out
+
+  for (spatial, size, _), x, g, (g_max, g_avg) in zip(
+      configs, inputs, cotangents, jax.jit(grads)(inputs, cotangents)):
+    gt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(g, -1, 1)))
+    expected = []
+    for kind in ("max", "avg"):
+      xt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1))).requires_grad_()
+      fn = getattr(torch.nn.functional, f"adaptive_{kind}_pool{len(spatial)}d")
+      fn(xt, tuple(s if t is None else t for s, t in zip(spatial, size))).backward(gt)
+      expected.append(np.moveaxis(xt.grad.numpy(), 1, -1))
+    msg = f"spatial={spatial} output_size={size}"
+    np.testing.assert_array_equal(g_max, expected[0], err_msg=msg)
+    np.testing.assert_allclose(g_avg, expected[1], rtol=1e-6, atol=1e-7, err_msg=msg)
+
+
+def test_selectadaptivepool_matches_timm_formulas_in_pytorch():
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  F = torch.nn.functional
+  x = np.random.default_rng(9).standard_normal((2, 7, 5, 3)).astype(np.float32)
+  xt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1)))
+  # timm SelectAdaptivePool2d(pool_type, flatten=True), written from SEMANTICS.md.
+  avg, mx = F.adaptive_avg_pool2d(xt, 1).flatten(1), F.adaptive_max_pool2d(xt, 1).flatten(1)
+  expected = {"avg": avg, "max": mx, "avgmax": 0.5 * (avg + mx),
+              "catavgmax": torch.cat([avg, mx], dim=1)}
+  for pool_type, want in expected.items():
+    y = SelectAdaptivePool(1, pool_type=pool_type, flatten=True)(x)
+    np.testing.assert_allclose(y, want.numpy(), rtol=1e-6, atol=1e-6, err_msg=pool_type)

@@ -1,0 +1,446 @@
+"""Tests for the channel gates (nnx_pool._gates).
+
+Each expectation says where it comes from: a hand computation, a seed fixture,
+a vector of SEMANTICS.md, or PyTorch 2.13 CPU running a module written here
+exactly as its peer (torchvision, timm) defines it. The PyTorch tests skip
+cleanly when torch is absent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_pool._gates import (
+    CBAM,
+    EfficientChannelAttention,
+    EffectiveSqueezeExcitation,
+    SqueezeExcitation,
+    eca_kernel_size,
+    hard_sigmoid,
+    make_divisible,
+)
+
+_TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
+
+
+def identity(v):
+  return v
+
+
+@nnx.jit
+def apply(module, x):
+  """One compiled call (eager calls compile each operation separately, which is slower)."""
+  return module(x)
+
+
+def build(cls, *args, seed=0, **kwargs):
+  """``cls(*args, **kwargs)`` with seeded uniform(-1, 1) parameters and batch statistics of 1.
+
+  Built from shapes (nnx.eval_shape) and NumPy values: running each initialiser
+  eagerly would compile it for every new shape, which dominates a small test.
+  """
+  graphdef, params, stats = nnx.split(
+      nnx.eval_shape(lambda: cls(*args, rngs=nnx.Rngs(0), **kwargs)), nnx.Param, ...)
+  rng = np.random.default_rng(seed)
+  params = jax.tree.map(lambda s: jnp.asarray(rng.uniform(-1, 1, s.shape), s.dtype), params)
+  stats = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), stats)
+  return nnx.merge(graphdef, params, stats)
+
+
+def set_param(variable, value):
+  variable.set_value(jnp.asarray(value, jnp.float32))
+
+
+def seed000_map(h, w, c, n=1):
+  """Integer-generated (n, h, w, c) maps, values in [-7, 7]: every partial sum is exact."""
+  n_, i, j, k = np.meshgrid(np.arange(n), np.arange(h), np.arange(w), np.arange(c), indexing="ij")
+  return ((n_ * 5 + i * 7 + j * 3 + k * 11) % 15 - 7).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------
+# Sizes.
+# ----------------------------------------------------------------------------
+
+
+def test_make_divisible_timm_vectors():
+  # SEMANTICS.md: timm SEModule widths, make_divisible(C / 16, 8, round_limit=0):
+  # C=64 gives 8 and C=480 gives 32; the floor is the divisor (C=16 gives 8).
+  assert make_divisible(64 / 16, 8, round_limit=0.0) == 8
+  assert make_divisible(480 / 16, 8, round_limit=0.0) == 32
+  assert make_divisible(16 / 16, 8, round_limit=0.0) == 8
+  # Hand computation with the default round_limit 0.9: 10 -> int(14) // 8 * 8 = 8 < 9, so 16.
+  assert make_divisible(10, 8) == 16
+  assert build(SqueezeExcitation, 480).squeeze_features == 32
+
+
+def test_eca_kernel_size_vectors():
+  # SEMANTICS.md: t = int(|log2(C) + 1| / 2), made odd, at least 3: 64 -> 3, 128 -> 5, 2048 -> 7.
+  assert [eca_kernel_size(c) for c in (64, 128, 2048)] == [3, 5, 7]
+  assert eca_kernel_size(2) == 3  # t = 1, at least 3
+  assert build(EfficientChannelAttention, 2048).conv.kernel.shape == (7, 1, 1)
+
+
+def test_hard_sigmoid_values():
+  # Hand computation of relu6(x + 3) / 6.
+  np.testing.assert_array_equal(hard_sigmoid(jnp.array([-4.0, -3.0, 0.0, 1.5, 3.0, 9.0])),
+                                [0.0, 0.0, 0.5, 0.75, 1.0, 1.0])
+
+
+# ----------------------------------------------------------------------------
+# Hand-computed gates on small maps.
+# ----------------------------------------------------------------------------
+
+
+def test_squeezeexcitation_hand_computed():
+  # Hand computation. x is (1, 2, 2, 2): channel 0 = [1, 2, 3, 6] (mean 3), channel 1 =
+  # [0, 4, 0, 4] (mean 2). fc1 = [[1], [-1]] + 0.5 -> 3 - 2 + 0.5 = 1.5, relu 1.5;
+  # fc2 = [[2, -1]] + [0, 1.5] -> [3, 0]; identity gate; y = x * [3, 0].
+  se = build(SqueezeExcitation, 2, 1, gate=identity)
+  set_param(se.fc1.kernel, [[1.0], [-1.0]])
+  set_param(se.fc1.bias, [0.5])
+  set_param(se.fc2.kernel, [[2.0, -1.0]])
+  set_param(se.fc2.bias, [0.0, 1.5])
+  x = jnp.array([[[1.0, 0.0], [2.0, 4.0]], [[3.0, 0.0], [6.0, 4.0]]])[None]
+  y = se(x)
+  np.testing.assert_array_equal(y[0, ..., 0], [[3.0, 6.0], [9.0, 18.0]])
+  np.testing.assert_array_equal(y[0, ..., 1], [[0.0, 0.0], [0.0, 0.0]])
+
+
+def test_squeezeexcitation_seed000_one_pixel_gate_12x20():
+  # seed 000: a one-pixel gate multiplying a 12x20 map with equal channel counts. With
+  # identity maps the gate is the pooled mean itself, so the output is bit-exact against
+  # the closed form x * (float32(sum) / float32(240)) per channel.
+  c = 4
+  se = build(SqueezeExcitation, c, c, activation=identity, gate=identity, use_bias=False)
+  set_param(se.fc1.kernel, np.eye(c))
+  set_param(se.fc2.kernel, np.eye(c))
+  x = seed000_map(12, 20, c)
+  pooled = x.astype(np.int64).sum(axis=(1, 2), keepdims=True).astype(np.float32) / np.float32(240)
+  np.testing.assert_array_equal(se(x), x * pooled)
+  np.testing.assert_array_equal(apply(se, x), x * pooled)
+
+
+def test_effectivesqueezeexcitation_hand_computed():
+  # Hand computation: channel means [3, -6] (unbatched 1x2 map), fc = identity with bias
+  # [0, 4.5] -> [3, -1.5]; hard sigmoid relu6(v + 3) / 6 -> [1, 0.25].
+  ese = build(EffectiveSqueezeExcitation, 2)
+  set_param(ese.fc.kernel, np.eye(2))
+  set_param(ese.fc.bias, [0.0, 4.5])
+  x = jnp.array([[[2.0, -4.0], [4.0, -8.0]]])  # (H, W, C) = (1, 2, 2)
+  np.testing.assert_array_equal(ese(x), [[[2.0, -1.0], [4.0, -2.0]]])
+
+
+def test_efficientchannelattention_hand_computed():
+  # Hand computation: channel means [1, 2, 3, 4] convolved (cross-correlation, zero
+  # padding 1) with [1, 10, 100]: out[c] = p[c-1] + 10 p[c] + 100 p[c+1]
+  # = [210, 321, 432, 43]; identity gate; the 1-D input (L=1) is scaled by that.
+  eca = build(EfficientChannelAttention, 4, 3, gate=identity, num_spatial_dims=1)
+  set_param(eca.conv.kernel, np.array([1.0, 10.0, 100.0]).reshape(3, 1, 1))
+  x = jnp.array([[[1.0, 2.0, 3.0, 4.0]]])  # (N, L, C) = (1, 1, 4)
+  np.testing.assert_array_equal(eca(x), [[[210.0, 642.0, 1296.0, 172.0]]])
+
+
+def test_cbam_hand_computed():
+  # Hand computation, identity gates. x (1, 1, 2, 2) has cells a = [2, 4] and b = [6, 10].
+  # MLP: fc1 = [[1], [0]] (channel 0), relu, fc2 = [[1, 1]]. Channel 0 has mean 4 and max 6,
+  # so both channels scale by 4 + 6 = 10: a = [20, 40], b = [60, 100]. Spatial maps
+  # [mean, max] are a: [30, 40], b: [80, 100]; a 1x1 conv [1, 0] keeps the mean; the norm in
+  # eval mode (mean 0, var 1) divides by sqrt(1 + 1e-5): a * 30 and b * 80, over that root.
+  cbam = build(CBAM, 2, 1, spatial_kernel_size=1, gate=identity)
+  set_param(cbam.fc1.kernel, [[1.0], [0.0]])
+  set_param(cbam.fc2.kernel, [[1.0, 1.0]])
+  set_param(cbam.spatial_conv.kernel, np.array([1.0, 0.0]).reshape(1, 1, 2, 1))
+  for variable, value in ((cbam.spatial_norm.scale, 1.0), (cbam.spatial_norm.bias, 0.0),
+                          (cbam.spatial_norm.mean, 0.0), (cbam.spatial_norm.var, 1.0)):
+    set_param(variable, [value])
+  cbam.eval()
+  x = jnp.array([[[[2.0, 4.0], [6.0, 10.0]]]])
+  expected = np.array([[[[600.0, 1200.0], [4800.0, 8000.0]]]]) / np.sqrt(1 + 1e-5)
+  np.testing.assert_allclose(cbam(x), expected, rtol=1e-6)
+
+
+def test_gates_unbatched_equals_batched():
+  x = np.random.default_rng(0).standard_normal((5, 4, 8)).astype(np.float32)
+  for cls in (SqueezeExcitation, EffectiveSqueezeExcitation, EfficientChannelAttention, CBAM):
+    gate = build(cls, 8)
+    np.testing.assert_array_equal(apply(gate, x), apply(gate, x[None])[0])
+
+
+def test_gates_any_spatial_rank():
+  # num_spatial_dims 1 and 3: the gate pools over exactly the axes between N and C.
+  se1 = build(SqueezeExcitation, 6, 2, num_spatial_dims=1)
+  assert apply(se1, jnp.ones((2, 9, 6))).shape == (2, 9, 6)
+  cbam3 = build(CBAM, 8, num_spatial_dims=3, spatial_kernel_size=3)
+  assert cbam3.spatial_conv.kernel.shape == (3, 3, 3, 2, 1)
+  assert apply(cbam3, jnp.ones((2, 3, 4, 5, 8))).shape == (2, 3, 4, 5, 8)
+
+
+# ----------------------------------------------------------------------------
+# Gradients, eager and jit, errors.
+# ----------------------------------------------------------------------------
+
+
+_GATES = {
+    "se": SqueezeExcitation,
+    "ese": EffectiveSqueezeExcitation,
+    "eca": EfficientChannelAttention,
+    "cbam": CBAM,
+}
+
+
+@pytest.mark.parametrize("name", list(_GATES))
+def test_gates_eager_equals_jit_and_gradients_finite(name):
+  gate = build(_GATES[name], 16)
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 6, 5, 16)), jnp.float32)
+  eager = gate(x)
+  jitted = apply(gate, x)
+  assert eager.shape == x.shape
+  np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-6)
+
+  def loss(m, a):
+    return (m(a) ** 2).sum()
+
+  grad_params, grad_x = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(gate, x)
+  leaves = jax.tree.leaves(nnx.state(grad_params)) + [grad_x]
+  assert all(bool(jnp.isfinite(leaf).all()) for leaf in leaves)
+  assert any(bool((leaf != 0).any()) for leaf in jax.tree.leaves(nnx.state(grad_params)))
+
+
+@pytest.mark.parametrize("name", list(_GATES))
+def test_gates_refuse_channels_first(name):
+  gate = build(_GATES[name], 16)
+  with pytest.raises(ValueError, match=r"NCHW.*jnp.moveaxis\(x, 1, -1\)"):
+    gate(jnp.ones((2, 16, 5, 5)))
+  with pytest.raises(ValueError, match="in_features=16"):
+    gate(jnp.ones((2, 5, 5, 8)))
+
+
+def test_gates_argument_errors():
+  with pytest.raises(TypeError, match="`in_features`"):
+    SqueezeExcitation(8.0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="`squeeze_features`"):
+    SqueezeExcitation(8, 0, rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match="`gate`"):
+    EffectiveSqueezeExcitation(8, gate="sigmoid", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="`kernel_size` must be odd"):
+    EfficientChannelAttention(8, 4, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="`in_features` or `kernel_size`"):
+    EfficientChannelAttention(rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="`spatial_kernel_size` must be odd"):
+    CBAM(8, spatial_kernel_size=6, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="rank 4 or 3"):
+    build(SqueezeExcitation, 8)(jnp.ones((8,)))
+
+
+def test_from_torch_key_errors():
+  w = np.zeros((2, 8, 1, 1), np.float32)
+  expected = r"Expected one of: fc1\.weight, fc2\.weight.*Received: fc1\.weight"
+  with pytest.raises(ValueError, match=expected):
+    SqueezeExcitation.from_torch({"fc1.weight": w})
+  with pytest.raises(ValueError, match="Received: .*se.fc1.weight"):
+    SqueezeExcitation.from_torch({"se.fc1.weight": w, "se.fc2.weight": w})
+  with pytest.raises(ValueError, match="Received: extra, fc.bias, fc.weight"):
+    EffectiveSqueezeExcitation.from_torch(
+        {"fc.weight": np.zeros((4, 4, 1, 1)), "fc.bias": np.zeros(4), "extra": np.zeros(1)})
+  with pytest.raises(ValueError, match=r"shape \(1, 1, k\)"):
+    EfficientChannelAttention.from_torch({"conv.weight": np.zeros((1, 3))})
+  with pytest.raises(ValueError, match="1x1 convolution"):
+    SqueezeExcitation.from_torch({"fc1.weight": np.zeros((2, 8, 3, 3)),
+                                  "fc2.weight": np.zeros((8, 2, 1, 1))})
+  with pytest.raises(TypeError, match="do not pass in_features"):
+    SqueezeExcitation.from_torch({"fc1.weight": w, "fc2.weight": np.zeros((8, 2, 1, 1))},
+                                 in_features=8)
+
+
+def test_from_torch_numpy_state_dict():
+  # Hand computation: ECA weights from a NumPy array land in the kernel as (k, 1, 1).
+  eca = EfficientChannelAttention.from_torch({"conv.weight": np.array([[[1.0, 2.0, 3.0]]])},
+                                             in_features=6)
+  assert eca.kernel_size == 3 and eca.in_features == 6
+  np.testing.assert_array_equal(eca.conv.kernel[...][:, 0, 0], [1.0, 2.0, 3.0])
+
+
+# ----------------------------------------------------------------------------
+# PyTorch 2.13 parity: the peers' modules written from SEMANTICS.md.
+# ----------------------------------------------------------------------------
+
+
+def _timm_make_divisible(v, divisor=8, min_value=None, round_limit=0.9):
+  # timm.layers.helpers.make_divisible, as SEMANTICS.md states it (not our copy).
+  min_value = min_value or divisor
+  new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
+  return new_v + divisor if new_v < round_limit * v else new_v
+
+
+def _timm_eca_kernel_size(channels, gamma=2, beta=1):
+  # timm.layers.eca.EcaModule's rule, as SEMANTICS.md states it (not our copy).
+  t = int(abs(math.log(channels, 2) + beta) / gamma)
+  return max(t if t % 2 else t + 1, 3)
+
+
+def _torch_peers(torch):
+  """The peer modules, with their attribute (state-dict key) names."""
+  nn, F = torch.nn, torch.nn.functional
+
+  class TorchvisionSqueezeExcitation(nn.Module):  # torchvision.ops.SqueezeExcitation
+    def __init__(self, input_channels, squeeze_channels):
+      super().__init__()
+      self.avgpool = nn.AdaptiveAvgPool2d(1)
+      self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
+      self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
+      self.activation, self.scale_activation = nn.ReLU(), nn.Sigmoid()
+
+    def forward(self, x):
+      scale = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
+      return scale * x
+
+  class SEModule(nn.Module):  # timm.layers.squeeze_excite.SEModule
+    def __init__(self, channels, rd_ratio=1 / 16, rd_divisor=8, bias=True):
+      super().__init__()
+      rd_channels = _timm_make_divisible(channels * rd_ratio, rd_divisor, round_limit=0.0)
+      self.fc1 = nn.Conv2d(channels, rd_channels, kernel_size=1, bias=bias)
+      self.act = nn.ReLU()
+      self.fc2 = nn.Conv2d(rd_channels, channels, kernel_size=1, bias=bias)
+
+    def forward(self, x):
+      x_se = self.fc2(self.act(self.fc1(x.mean((2, 3), keepdim=True))))
+      return x * torch.sigmoid(x_se)
+
+  class SqueezeExcite(nn.Module):  # timm efficientnet_blocks.SqueezeExcite, SiLU as in EfficientNet
+    def __init__(self, in_chs, rd_ratio=0.25):
+      super().__init__()
+      rd_channels = round(in_chs * rd_ratio)
+      self.conv_reduce = nn.Conv2d(in_chs, rd_channels, 1, bias=True)
+      self.act1 = nn.SiLU()
+      self.conv_expand = nn.Conv2d(rd_channels, in_chs, 1, bias=True)
+
+    def forward(self, x):
+      x_se = self.conv_expand(self.act1(self.conv_reduce(x.mean((2, 3), keepdim=True))))
+      return x * torch.sigmoid(x_se)
+
+  class EffectiveSEModule(nn.Module):  # timm.layers.squeeze_excite.EffectiveSEModule
+    def __init__(self, channels):
+      super().__init__()
+      self.fc = nn.Conv2d(channels, channels, kernel_size=1, padding=0)
+
+    def forward(self, x):
+      x_se = self.fc(x.mean((2, 3), keepdim=True))
+      return x * (F.relu6(x_se + 3.0) / 6.0)
+
+  class EcaModule(nn.Module):  # timm.layers.eca.EcaModule (use_mlp=False)
+    def __init__(self, channels, gamma=2, beta=1):
+      super().__init__()
+      kernel_size = _timm_eca_kernel_size(channels, gamma, beta)
+      self.conv = nn.Conv1d(1, 1, kernel_size=kernel_size, padding=(kernel_size - 1) // 2,
+                            bias=False)
+
+    def forward(self, x):
+      y = x.mean((2, 3)).view(x.shape[0], 1, -1)
+      y = torch.sigmoid(self.conv(y)).view(x.shape[0], -1, 1, 1)
+      return x * y.expand_as(x)
+
+  class ConvNormAct(nn.Module):  # timm ConvNormAct(2, 1, k, apply_act=False)
+    def __init__(self, k):
+      super().__init__()
+      self.conv = nn.Conv2d(2, 1, k, padding=(k - 1) // 2, bias=False)
+      self.bn = nn.BatchNorm2d(1)
+
+    def forward(self, x):
+      return self.bn(self.conv(x))
+
+  class ChannelAttn(nn.Module):
+    def __init__(self, channels, rd_ratio=1 / 16, rd_divisor=1, mlp_bias=False):
+      super().__init__()
+      rd_channels = _timm_make_divisible(channels * rd_ratio, rd_divisor, round_limit=0.0)
+      self.fc1 = nn.Conv2d(channels, rd_channels, 1, bias=mlp_bias)
+      self.act = nn.ReLU()
+      self.fc2 = nn.Conv2d(rd_channels, channels, 1, bias=mlp_bias)
+
+    def forward(self, x):
+      x_avg = self.fc2(self.act(self.fc1(x.mean((2, 3), keepdim=True))))
+      x_max = self.fc2(self.act(self.fc1(x.amax((2, 3), keepdim=True))))
+      return x * torch.sigmoid(x_avg + x_max)
+
+  class SpatialAttn(nn.Module):
+    def __init__(self, kernel_size=7):
+      super().__init__()
+      self.conv = ConvNormAct(kernel_size)
+
+    def forward(self, x):
+      x_attn = torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1)
+      return x * torch.sigmoid(self.conv(x_attn))
+
+  class CbamModule(nn.Module):  # timm.layers.cbam.CbamModule
+    def __init__(self, channels, spatial_kernel_size=7, mlp_bias=False):
+      super().__init__()
+      self.channel = ChannelAttn(channels, mlp_bias=mlp_bias)
+      self.spatial = SpatialAttn(spatial_kernel_size)
+
+    def forward(self, x):
+      return self.spatial(self.channel(x))
+
+  return dict(tv_se=TorchvisionSqueezeExcitation, se=SEModule, effnet_se=SqueezeExcite,
+              ese=EffectiveSEModule, eca=EcaModule, cbam=CbamModule)
+
+
+def _parity_cases(peers):
+  """(name, torch module, ours from its state dict, input shape NCHW)."""
+  return [
+      ("torchvision_se", peers["tv_se"](24, 6), {}, (2, 24, 5, 7)),
+      ("timm_se_c64", peers["se"](64), {}, (2, 64, 4, 4)),
+      ("timm_se_nobias", peers["se"](32, bias=False), {}, (2, 32, 3, 5)),
+      ("timm_effnet_se_silu", peers["effnet_se"](32), {"activation": nnx.silu}, (2, 32, 6, 6)),
+      ("timm_ese", peers["ese"](24), {}, (2, 24, 5, 5)),
+      ("timm_eca_c64", peers["eca"](64), {}, (2, 64, 3, 3)),
+      ("timm_eca_c128", peers["eca"](128), {}, (2, 128, 3, 4)),
+      ("timm_cbam", peers["cbam"](32), {}, (2, 32, 9, 8)),
+      ("timm_cbam_bias_k3", peers["cbam"](16, 3, mlp_bias=True), {}, (3, 16, 5, 6)),
+  ]
+
+
+_FROM_TORCH = {"torchvision_se": SqueezeExcitation, "timm_se_c64": SqueezeExcitation,
+               "timm_se_nobias": SqueezeExcitation, "timm_effnet_se_silu": SqueezeExcitation,
+               "timm_ese": EffectiveSqueezeExcitation, "timm_eca_c64": EfficientChannelAttention,
+               "timm_eca_c128": EfficientChannelAttention, "timm_cbam": CBAM,
+               "timm_cbam_bias_k3": CBAM}
+
+
+def test_gates_match_pytorch_peers():
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  torch.manual_seed(0)
+  rng = np.random.default_rng(5)
+  for name, peer, options, shape in _parity_cases(_torch_peers(torch)):
+    with torch.no_grad():  # random, non-trivial BatchNorm statistics and affine terms
+      for module in peer.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+          module.running_mean.uniform_(-1, 1)
+          module.running_var.uniform_(0.5, 2)
+          module.weight.uniform_(0.5, 1.5)
+          module.bias.uniform_(-0.5, 0.5)
+    ours = _FROM_TORCH[name].from_torch(peer.state_dict(), **options)
+    peer.eval()
+    ours.eval()
+    x = rng.standard_normal(shape).astype(np.float32)
+    with torch.no_grad():
+      expected = peer(torch.from_numpy(x)).numpy()
+    got = np.moveaxis(np.asarray(apply(ours, np.moveaxis(x, 1, -1))), -1, 1)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_cbam_training_mode_matches_pytorch():
+  # In training mode both normalise with the batch statistics (biased variance).
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  torch.manual_seed(1)
+  peer = _torch_peers(torch)["cbam"](16)
+  ours = CBAM.from_torch(peer.state_dict())
+  x = np.random.default_rng(6).standard_normal((4, 16, 6, 6)).astype(np.float32)
+  expected = peer.train()(torch.from_numpy(x)).detach().numpy()
+  got = np.moveaxis(np.asarray(apply(ours, np.moveaxis(x, 1, -1))), -1, 1)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
