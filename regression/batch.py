@@ -114,6 +114,13 @@ class Case:
     }
 
 
+def _show(value: Any) -> str:
+  """A stable spelling of a constructor argument: functions by name, not by address."""
+  if callable(value) and hasattr(value, "__qualname__"):
+    return f"{getattr(value, '__module__', '')}.{value.__qualname__}".lstrip(".")
+  return repr(value)
+
+
 def case(name: str, cls: Any, *args: Any, input: str, **options: Any) -> Case:
   """Builds a :class:`Case` for ``cls(*args, **kwargs)``.
 
@@ -125,7 +132,7 @@ def case(name: str, cls: Any, *args: Any, input: str, **options: Any) -> Case:
   fields = {f.name for f in dataclasses.fields(Case)} - fixed
   case_fields = {k: v for k, v in options.items() if k in fields}
   kwargs = {k: v for k, v in options.items() if k not in fields}
-  shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+  shown = [_show(a) for a in args] + [f"{k}={_show(v)}" for k, v in kwargs.items()]
   if case_fields.get("params"):
     shown.append("rngs=nnx.Rngs(0)")
     build = functools.partial(_build_with_rngs, cls, args, kwargs)
@@ -365,21 +372,36 @@ def _unpool_cases(pool: ModuleType) -> list[Case]:
 
 
 # ---------------------------------------------------------- channel gates
-# Guessed minimal signatures (`in_features` first, `rngs` keyword-only); adjust
-# them when the gates land. Weights come from nnx.Rngs(0) at recording and are
-# stored: check loads them, so a change in the init PRNG cannot move a number.
+# Weights come from nnx.Rngs(0) at recording and are stored: check loads them,
+# so a change in the init PRNG cannot move a number.
+
+
+def _eval_mode(cls: Any) -> Callable[..., Any]:
+  """A factory that builds ``cls`` and switches it to inference (BatchNorm statistics fixed)."""
+
+  def build(*args: Any, **kwargs: Any) -> Any:
+    module = cls(*args, **kwargs)
+    module.eval()
+    return module
+
+  build.__name__ = cls.__name__
+  return build
 
 
 def _gate_cases(pool: ModuleType) -> list[Case]:
+  gate = dict(input="gate_map", tolerance="gate", params=True)
   return [
-      case(f"{name}_gate_map", getattr(pool, cls), 8, input="gate_map", tolerance="gate",
-           params=True)
-      for name, cls in (
-          ("se", "SqueezeExcitation"),
-          ("ese", "EffectiveSqueezeExcitation"),
-          ("eca", "EfficientChannelAttention"),
-          ("cbam", "CBAM"),
-      )
+      case("se_gate_map", pool.SqueezeExcitation, 8, **gate),
+      case("se_s4_hardsigmoid_map", pool.SqueezeExcitation, 8, 4, gate=pool.hard_sigmoid,
+           **gate),
+      case("se_nobias_unbatched", pool.SqueezeExcitation, 8, 2, use_bias=False,
+           input="gate_map_unbatched", tolerance="gate", params=True),
+      case("ese_gate_map", pool.EffectiveSqueezeExcitation, 8, **gate),
+      case("eca_gate_map", pool.EfficientChannelAttention, 8, **gate),
+      case("eca_k5_gate_map", pool.EfficientChannelAttention, 8, 5, **gate),
+      case("cbam_eval_gate_map", _eval_mode(pool.CBAM), 8, 2, **gate),
+      case("se_nchw", pool.SqueezeExcitation, 8, input="nchw_gate", params=True, grad=False,
+           raises=_CHANNELS_FIRST, tolerance="select"),
   ]
 
 

@@ -2,9 +2,13 @@
 
 Commands:
 
-* ``check [--baseline DIR] [--json OUT] [-k PATTERN] [--dry-run]``: runs the
-  batch after JIT warmup and compares it with the baseline (default: the
-  shipped ``regression/baseline/``).
+* ``check [--baseline DIR] [--json OUT] [-k PATTERN] [--dry-run] [--devices N
+  [--axis-types explicit|auto]]``: runs the batch after JIT warmup and
+  compares it with the baseline (default: the shipped ``regression/baseline/``).
+  With ``--devices N`` the batch runs sharded over N devices (simulated CPU
+  devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before
+  JAX initialises, re-running the command in a fresh interpreter when this one
+  already initialised JAX) and is compared with the same baseline.
 * ``record [--out DIR] [--force] [--json OUT]``: runs the batch and writes a
   baseline atomically (default ``--out``: the shipped baseline).
 * ``diff A B [--json OUT]``: compares two recorded baselines.
@@ -13,20 +17,39 @@ Commands:
 Exit codes: 0 everything passed; 1 a number moved, an error case stopped
 raising, a case failed to run, or the baseline is out of date (NEW, GONE,
 STALE cases); 2 the baseline is missing, damaged, of a newer format, or may
-not be written, with a one-line reason on stderr.
+not be written (including a full disk), or too few devices, with a one-line
+reason on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from regression import commands
 from regression.batch import Batch, load_batch
 from regression.report import Report, render, write_json
 
 BatchFactory = Callable[[], Batch]
+
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+# Set in the fresh interpreter that `--devices` starts, so it never starts another.
+_CHILD_ENV = "NNX_POOL_REGRESSION_DEVICES_CHILD"
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
+  return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("-k", dest="pattern", metavar="PATTERN",
                  help="only cases whose name contains PATTERN or matches it as a glob")
   p.add_argument("--dry-run", action="store_true", help="report drift but exit 0")
+  p.add_argument("--devices", metavar="N", type=_positive_int,
+                 help="run the batch sharded over N (simulated CPU) devices")
+  p.add_argument("--axis-types", choices=("explicit", "auto"), default="explicit",
+                 help="the mesh's axis type with --devices (default: explicit, as jax.make_mesh)")
   add_json(p)
 
   p = sub.add_parser("record", help="run the batch and write a baseline")
@@ -73,7 +100,8 @@ def run(args: argparse.Namespace, batch: BatchFactory) -> Report:
   if args.command == "record":
     return commands.record(loaded.cases, args.out, force=args.force, notes=loaded.notes)
   return commands.check(
-      loaded.cases, args.baseline, pattern=args.pattern, dry_run=args.dry_run, notes=loaded.notes
+      loaded.cases, args.baseline, pattern=args.pattern, dry_run=args.dry_run, notes=loaded.notes,
+      devices=args.devices, axis_types=args.axis_types,
   )
 
 
@@ -103,8 +131,62 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     The exit code.
   """
   args = _parser().parse_args(argv)
+  if getattr(args, "devices", None):
+    code = _provide_devices(args.devices, argv, custom_batch=batch is not None)
+    if code is not None:
+      return code
   report = run(args, batch or load_batch)
   _print(report)
   if args.json:
     write_json(report, args.json)
   return report.exit_code
+
+
+def with_device_count(flags: str, devices: int) -> str:
+  """``XLA_FLAGS`` with the host device count set to ``devices`` (any earlier count dropped)."""
+  kept = [f for f in flags.split() if not f.startswith(DEVICE_FLAG)]
+  return " ".join([*kept, f"{DEVICE_FLAG}={devices}"])
+
+
+def _provide_devices(
+    devices: int, argv: Sequence[str] | None, *, custom_batch: bool
+) -> int | None:
+  """Makes ``devices`` CPU devices available, before JAX initialises.
+
+  Returns None when this process can go on (it sets ``XLA_FLAGS`` when JAX is
+  not imported yet, or ``jax_num_cpu_devices`` when JAX is imported but not
+  initialised, or already has enough devices); otherwise re-runs the command
+  in a fresh interpreter and returns its exit code (or 2 when it cannot).
+  """
+  if "jax" not in sys.modules:
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), devices)
+    return None
+  import jax
+
+  try:
+    jax.config.update("jax_num_cpu_devices", devices)  # refused once JAX has initialised
+    return None
+  except RuntimeError:
+    pass
+  if jax.device_count() >= devices:
+    return None
+  reason = None
+  if custom_batch:
+    reason = "a custom batch cannot be re-run in a fresh interpreter"
+  elif os.environ.get(_CHILD_ENV):
+    reason = "the fresh interpreter initialised JAX before the flag could take effect"
+  if reason:
+    print(
+        f"error: --devices {devices}: JAX is already initialised with {jax.device_count()} "
+        f"device(s) and {reason}; set XLA_FLAGS={DEVICE_FLAG}={devices} before importing JAX.",
+        file=sys.stderr,
+    )
+    return 2
+  env = {**os.environ, _CHILD_ENV: "1"}
+  env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), devices)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+  args = list(sys.argv[1:] if argv is None else argv)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  return subprocess.run([sys.executable, "-m", "regression", *args], env=env,
+                        check=False).returncode

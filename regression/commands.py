@@ -9,6 +9,7 @@ never prints; :mod:`regression.cli` renders it. Baseline arrays are keyed
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,13 +19,14 @@ import numpy as np
 
 from regression import store
 from regression.batch import Case, matches, select
-from regression.compare import compare_arrays
+from regression.compare import Verdict, compare_arrays
 from regression.report import FAILING, Report, Row, Timing, recorded_label
 from regression.stamp import collect_stamp, stamp_changes
 from regression.store import Baseline, BaselineError
 from regression.tolerance import Tolerance, policy_table
 
 KIND = "batch"
+BATCH_AXIS = "batch"  # the mesh axis of sharded checks (regression.runner.BATCH_AXIS)
 SHIPPED = Path(__file__).resolve().parent / "baseline"
 _INPUT_KEYS = ("input", "cotangent", "weights/")
 _CASE_FIELDS = ("declaration", "inputs", "results", "jit_eager_agree", "timing", "raises")
@@ -94,8 +96,10 @@ def record(
     reps: the most timed steady-state calls per case.
 
   Returns:
-    The report; exit code 2 if ``out`` may not be written, 1 if a case failed
-    (nothing is written then), else 0.
+    The report; exit code 2 if ``out`` may not be written (it exists without
+    ``force``, holds other files or a newer-format baseline, or the disk
+    refused the write, which leaves any previous baseline intact), 1 if a
+    case failed (nothing is written then), else 0.
   """
   from regression.runner import run_case
 
@@ -159,9 +163,19 @@ def record(
   }
   try:
     store.write_baseline(out, fields, arrays, force=force)
-  except FileExistsError as e:
+  except FileExistsError as e:  # also another writer's baseline appearing meanwhile
     report.exit_code, report.error = 2, str(e)
+  except OSError as e:  # a full disk, a read-only directory: nothing was swapped in
+    kept = "the previous baseline is unchanged" if out.exists() else "nothing was written"
+    report.exit_code = 2
+    report.error = f"could not write baseline {out} ({_os_reason(e)}); {kept}."
   return report
+
+
+def _os_reason(e: OSError) -> str:
+  name = errno.errorcode.get(e.errno or 0)
+  reason = e.strerror or str(e)
+  return f"{name}: {reason}" if name else reason
 
 
 def _label(case: Case, tolerances: Mapping[str, Tolerance]) -> str:
@@ -182,6 +196,8 @@ def check(
     dry_run: bool = False,
     notes: Sequence[str] = (),
     reps: int = 20,
+    devices: int | None = None,
+    axis_types: str = "explicit",
 ) -> Report:
   """Runs the batch (after JIT warmup) and compares it with a baseline.
 
@@ -192,12 +208,17 @@ def check(
     dry_run: report drift but exit 0.
     notes: lines to carry into the report.
     reps: the most timed steady-state calls per case.
+    devices: run sharded over this many devices (a mesh axis ``batch``): each
+      stored batch is repeated once per device and every copy is compared
+      with the baseline (see :mod:`regression.runner`). None: one device.
+    axis_types: the mesh's axis type when ``devices`` is given,
+      ``"explicit"`` (default) or ``"auto"``.
 
   Returns:
-    The report; exit code 2 for an unusable baseline, 1 for any failing row
-    (0 with ``dry_run``), else 0.
+    The report; exit code 2 for an unusable baseline or too few devices, 1
+    for any failing row (0 with ``dry_run``), else 0.
   """
-  from regression.runner import run_case
+  from regression.runner import make_mesh, run_case
 
   report = Report(command="check", baseline=str(baseline), dry_run=dry_run, notes=list(notes))
   try:
@@ -205,12 +226,20 @@ def check(
   except BaselineError as e:
     report.exit_code, report.error = 2, str(e)
     return report
+  mesh = None
+  if devices is not None:
+    try:
+      mesh = make_mesh(devices, axis_types)
+    except ValueError as e:
+      report.exit_code, report.error = 2, str(e)
+      return report
   manifest = base.manifest
   report.recorded = recorded_label(manifest)
   report.stamp = collect_stamp()
   report.stamp_changes = stamp_changes(manifest["stamp"], report.stamp)
   entries = manifest["cases"]
   selected = select(cases, pattern)
+  placements: dict[str, int] = {}
   for case in selected:
     entry = entries.get(case.name)
     if entry is None:
@@ -221,8 +250,9 @@ def check(
       report.rows.append(Row(case.name, "STALE", details=changed))
       continue
     stored = _case_arrays(base, case.name)
-    run = run_case(case, {k: v for k, v in stored.items() if _is_input(k)}, reps=reps)
+    run = run_case(case, {k: v for k, v in stored.items() if _is_input(k)}, reps=reps, mesh=mesh)
     row = _compare_run(case, entry, run, stored)
+    placements[run.placement] = placements.get(run.placement, 0) + 1
     report.rows.append(row)
     timing = entry["timing"]
     report.timings.append(Timing(
@@ -233,11 +263,40 @@ def check(
       report.rows.append(Row(name, "GONE", details=["in the baseline but no longer in the batch"]))
   if pattern and not selected:
     report.notes.append(f"-k {pattern!r} selected no cases")
+  if mesh is not None:
+    report.notes.append(
+        f"sharded run: mesh axis {BATCH_AXIS!r} over {devices} {_platform(mesh)} devices "
+        f"({axis_types} axes); every copy of a repeated batch is compared with the baseline")
+    report.notes.extend(f"  {count} case(s): {placement}" for placement, count in sorted(
+        placements.items(), key=lambda item: (item[0].startswith("replicated"), -item[1])))
   failing = any(r.status in FAILING for r in report.rows)
   if failing and dry_run:
     report.notes.append("dry run: the drift above is reported, exit code 0")
   report.exit_code = 1 if failing and not dry_run else 0
   return report
+
+
+def _platform(mesh: Any) -> str:
+  return str(mesh.devices.flat[0].platform)
+
+
+def _compare_copies(key: str, actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
+                    copies: int) -> Verdict:
+  """Compares every copy of a sharded result with the baseline; the worst verdict wins."""
+  from regression.runner import split_copies
+
+  verdicts = [compare_arrays(a, expected, tol) for a in split_copies(key, actual, copies)]
+  worst = Verdict(
+      all(v.passed for v in verdicts), max(v.max_abs for v in verdicts),
+      max(v.max_rel for v in verdicts), sum(v.mismatches for v in verdicts),
+      sum(v.size for v in verdicts),
+  )
+  failed = [(i, v) for i, v in enumerate(verdicts) if not v.passed]
+  if failed:
+    i, first = failed[0]
+    worst.message = first.message if len(verdicts) == 1 else (
+        f"{len(failed)} of {len(verdicts)} copies differ; copy {i}: {first.message}")
+  return worst
 
 
 def _declaration_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -269,7 +328,7 @@ def _compare_run(
       row.details.append(f"{key}: produced now but not in the baseline")
       continue
     tol = run.tolerances[key]
-    verdict = compare_arrays(run.results[key], stored[key], tol)
+    verdict = _compare_copies(key, run.results[key], stored[key], tol, run.copies)
     row.arrays[key] = {**verdict.to_json(), "tolerance": tol.to_json()}
     row.max_abs = max(row.max_abs, verdict.max_abs)
     row.max_rel = max(row.max_rel, verdict.max_rel)

@@ -124,6 +124,8 @@ INPUTS: dict[str, tuple[tuple[int, ...], Generator, int, str]] = {
     "extreme": ((1, 6, 6, 2), extreme, 15, "magnitudes 1e-40..1e30, one sign per channel"),
     "nonfinite": ((1, 4, 4, 2), nonfinite, 17, "NaN, +inf and -inf at known places"),
     "gate_map": ((2, 5, 7, 8), distinct_continuous, 19, "a feature map for channel gates"),
+    "gate_map_unbatched": ((5, 7, 8), distinct_continuous, 27, "one unbatched gate input"),
+    "nchw_gate": ((1, 8, 6, 6), distinct_continuous, 25, "NCHW with 8 channels on axis 1"),
     "bad_rank": ((6, 6), distinct_grid, 21, "rank 2: no channel axis, must be refused"),
     "nchw": ((1, 2, 6, 6), distinct_grid, 23, "channels-first by mistake: must be refused"),
 }

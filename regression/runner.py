@@ -12,6 +12,13 @@ What the case consumes is returned too, so a recording can store it:
 Timing separates compile time (``lower`` + ``compile``) from the steady state:
 the median of repeated calls after two warmup calls, each ended by
 ``block_until_ready``.
+
+Sharded runs (``check --devices N``): given a mesh of N devices with one axis,
+``batch`` (:func:`make_mesh`), a batched input is repeated N times along its
+batch axis and sharded over the mesh, one copy per device; the cotangent
+likewise; parameters are replicated. Every copy of every result must then
+match the baseline (:func:`split_copies`). Unbatched inputs and error cases run
+replicated on the mesh.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ import numpy as np
 from flax import nnx
 
 from regression.batch import Case
+
+BATCH_AXIS = "batch"
+AXIS_TYPES = ("explicit", "auto")
+# Inputs without a batch axis (see regression.inputs.INPUTS): never repeated.
+UNBATCHED_INPUTS = frozenset({"unbatched"})
 from regression.compare import compare_arrays
 from regression.inputs import make_cotangent, make_input
 from regression.tolerance import Tolerance, is_float, tolerance_for
@@ -64,6 +76,9 @@ class Execution:
     steady_s: median seconds per forward call after warmup.
     raised: for an error case, ``{"type": ..., "message": ...}`` of what was raised.
     error: an unexpected failure, as ``Type: message``; None when it ran.
+    copies: how many copies of the stored batch the results hold (sharded runs;
+      1 otherwise); see :func:`split_copies`.
+    placement: how the input was placed on the mesh (sharded runs), for reports.
   """
 
   results: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
@@ -74,6 +89,8 @@ class Execution:
   steady_s: float | None = None
   raised: dict[str, str] | None = None
   error: str | None = None
+  copies: int = 1
+  placement: str = "one device"
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -171,6 +188,73 @@ def compile_and_time(
   return out, compile_s, statistics.median(times)
 
 
+def make_mesh(devices: int, axis_types: str = "explicit") -> Any:
+  """A one-axis mesh (``"batch"``) over the first ``devices`` devices of the default backend.
+
+  Args:
+    devices: how many devices.
+    axis_types: ``"explicit"`` (sharding in types; the default of
+      ``jax.make_mesh`` in jax 0.10) or ``"auto"`` (the compiler propagates
+      shardings, as a ``jax.sharding.Mesh`` built by hand).
+
+  Raises:
+    ValueError: fewer devices are visible, or ``axis_types`` is unknown.
+  """
+  if axis_types not in AXIS_TYPES:
+    raise ValueError(f"`axis_types` must be one of {AXIS_TYPES}; got {axis_types!r}.")
+  available = jax.devices()
+  if len(available) < devices:
+    raise ValueError(
+        f"--devices {devices}: JAX sees {len(available)} {available[0].platform} device(s). "
+        "Simulated CPU devices need XLA_FLAGS=--xla_force_host_platform_device_count="
+        f"{devices} set before JAX initialises (and JAX_PLATFORMS=cpu on a machine "
+        "with an accelerator)."
+    )
+  kind = getattr(jax.sharding.AxisType, axis_types.capitalize())
+  return jax.make_mesh(
+      (devices,), (BATCH_AXIS,), axis_types=(kind,), devices=available[:devices])
+
+
+def _mesh_size(mesh: Any) -> int:
+  return int(mesh.shape[BATCH_AXIS])
+
+
+def _place(case: Case, x_np: np.ndarray, mesh: Any) -> tuple[jax.Array, int, str]:
+  """Places a case's input on the mesh: ``(array, copies, description)``."""
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  n = _mesh_size(mesh)
+  if case.raises is not None or case.input in UNBATCHED_INPUTS or x_np.ndim == 0:
+    why = "an error case" if case.raises is not None else "no batch axis"
+    x = jax.device_put(jnp.asarray(x_np), NamedSharding(mesh, PartitionSpec()))
+    return x, 1, f"replicated on {n} devices ({why})"
+  tiled = np.concatenate([x_np] * n, axis=0)
+  x = jax.device_put(jnp.asarray(tiled), NamedSharding(mesh, PartitionSpec(BATCH_AXIS)))
+  return x, n, f"batch of {x_np.shape[0]} repeated {n} times, sharded over {n} devices"
+
+
+def _replicate(tree: Any, mesh: Any) -> Any:
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  if tree is None:
+    return None
+  return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
+def split_copies(key: str, value: np.ndarray, copies: int) -> list[np.ndarray]:
+  """The per-copy results of a sharded run, each comparable with the baseline.
+
+  Outputs, indices and input gradients hold ``copies`` copies along the batch
+  axis: they are split into one array per copy. A parameter gradient sums over
+  every copy, so it is divided by ``copies`` (in float64, then cast back).
+  """
+  if copies == 1:
+    return [value]
+  if role_of(key) == "grad_params":
+    return [(value.astype(np.float64) / copies).astype(value.dtype)]
+  return list(np.split(value, copies, axis=0))
+
+
 def _describe_error(e: BaseException) -> str:
   first = str(e).strip().splitlines()[0] if str(e).strip() else ""
   return f"{type(e).__name__}: {first}"
@@ -201,7 +285,8 @@ def _split_output(case: Case, out: Any) -> dict[str, Any]:
 
 
 def run_case(
-    case: Case, stored: Mapping[str, np.ndarray] | None = None, *, reps: int = 20
+    case: Case, stored: Mapping[str, np.ndarray] | None = None, *, reps: int = 20,
+    mesh: Any = None,
 ) -> Execution:
   """Runs one case.
 
@@ -210,19 +295,22 @@ def run_case(
     stored: the case's stored inputs from a baseline (``input``, and where
       present ``cotangent`` and ``weights/...``); None generates them.
     reps: the most timed steady-state calls.
+    mesh: a mesh from :func:`make_mesh` to run sharded on (default: one device).
 
   Returns:
     An :class:`Execution`; an unexpected exception is caught into ``error``.
   """
   run = Execution()
   try:
-    _run(case, dict(stored or {}), run, reps)
+    _run(case, dict(stored or {}), run, reps, mesh)
   except Exception as e:  # noqa: BLE001 - reported as the case's status
     run.error = _describe_error(e)
   return run
 
 
-def _run(case: Case, stored: dict[str, np.ndarray], run: Execution, reps: int) -> None:
+def _run(
+    case: Case, stored: dict[str, np.ndarray], run: Execution, reps: int, mesh: Any
+) -> None:
   x_np = stored["input"] if "input" in stored else make_input(case.input, case.dtype)
   run.inputs["input"] = x_np
   apply, params = split_callable(case.build())
@@ -230,7 +318,11 @@ def _run(case: Case, stored: dict[str, np.ndarray], run: Execution, reps: int) -
   if params is not None and weights:
     params = with_params(params, weights)
   run.inputs.update({f"weights/{k}": v for k, v in param_arrays(params).items()})
-  x = jnp.asarray(x_np)
+  if mesh is None:
+    x = jnp.asarray(x_np)
+  else:
+    x, run.copies, run.placement = _place(case, x_np, mesh)
+    params = _replicate(params, mesh)
   if case.raises is not None:
     _expect_raise(case, apply, params, x, run)
     return
@@ -241,7 +333,7 @@ def _run(case: Case, stored: dict[str, np.ndarray], run: Execution, reps: int) -
   for key, value in _split_output(case, out_eager).items():
     run.results[f"{key}_eager"] = to_numpy(value)
   if case.grad and is_float(x_np.dtype):
-    _gradients(case, apply, params, x, stored, run)
+    _gradients(case, apply, params, x, stored, run, mesh)
   for key, value in run.results.items():
     run.tolerances[key] = tolerance_for(case.tolerance, role_of(key), value.dtype)
   agree = True
@@ -254,14 +346,22 @@ def _run(case: Case, stored: dict[str, np.ndarray], run: Execution, reps: int) -
 
 def _gradients(
     case: Case, apply: Apply, params: Any, x: jax.Array, stored: Mapping[str, np.ndarray],
-    run: Execution,
+    run: Execution, mesh: Any = None,
 ) -> None:
-  values = run.results["output"]
+  values = split_copies("output", run.results["output"], run.copies)[0]
   ct_np = stored.get("cotangent")
   if ct_np is None:
     ct_np = make_cotangent(values.shape, values.dtype)
   run.inputs["cotangent"] = ct_np
-  ct = jnp.asarray(ct_np)
+  if mesh is None:
+    ct = jnp.asarray(ct_np)
+  elif run.copies > 1:
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    tiled = np.concatenate([ct_np] * run.copies, axis=0)
+    ct = jax.device_put(jnp.asarray(tiled), NamedSharding(mesh, PartitionSpec(BATCH_AXIS)))
+  else:
+    ct = _replicate(jnp.asarray(ct_np), mesh)
 
   def primal(p, x):
     out = apply(p, x)

@@ -16,6 +16,11 @@ name, so they round-trip bit for bit (``np.save`` turns bfloat16 into void).
 Writing goes to a temporary directory in the same parent, is fsynced, and is
 then swapped in with one rename (an atomic exchange where the OS has one), so a
 crash at any point leaves either the old or the new baseline, never a mix.
+Concurrent writers of one baseline take turns: each holds an exclusive lock on
+the parent directory (``flock``; no lock file is left behind) from the
+overwrite check to the swap, so a second ``record`` without ``--force`` sees
+the first one's baseline and refuses, and with ``--force`` replaces it whole.
+A baseline of a newer format version is never replaced (:func:`check_writable`).
 
 Every problem found while loading raises :class:`BaselineError` with a
 one-line reason; nothing here imports JAX.
@@ -36,13 +41,19 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+try:
+  import fcntl
+except ImportError:  # pragma: no cover - not on Windows: writers are not serialised there
+  fcntl = None
 
 FORMAT = "nnx-pool-regression"
 FORMAT_VERSION = 1
@@ -55,6 +66,8 @@ _NATIVE = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float32", "float64", "complex64", "complex128",
 })
+# How long a writer waits for another one writing into the same directory.
+LOCK_TIMEOUT_S = 120.0
 _KEY = re.compile(r"^[A-Za-z0-9_.\-\[\]/:=,()']+$")
 
 
@@ -265,6 +278,20 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
+def stored_format_version(path: str | os.PathLike) -> Any:
+  """The ``format_version`` a baseline's manifest claims, without validating anything else.
+
+  Returns None when there is no readable manifest of this format.
+  """
+  try:
+    manifest = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    return None
+  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    return None
+  return manifest.get("format_version")
+
+
 def check_writable(out: str | os.PathLike, *, force: bool) -> None:
   """Raises FileExistsError unless ``out`` may be (re)written; see :func:`write_baseline`."""
   out = Path(out)
@@ -272,6 +299,13 @@ def check_writable(out: str | os.PathLike, *, force: bool) -> None:
     return
   if not out.is_dir():
     raise FileExistsError(f"`out` exists and is not a directory: {out}.")
+  version = stored_format_version(out)
+  if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+    raise FileExistsError(
+        f"baseline {out} has format version {version}, newer than this nnx-pool writes "
+        f"({FORMAT_VERSION}); refusing to replace it, even with --force. Upgrade nnx-pool, "
+        "or record to another directory with --out."
+    )
   if not force:
     raise FileExistsError(f"baseline {out} exists; pass --force to replace it.")
   if not _looks_like_baseline(out):
@@ -279,6 +313,39 @@ def check_writable(out: str | os.PathLike, *, force: bool) -> None:
         f"`out` {out} holds files other than {MANIFEST} and {ARRAYS}; refusing to replace "
         "it even with --force. Choose an empty or new directory."
     )
+
+
+class BaselineLockedError(FileExistsError):
+  """Another process kept writing into the baseline's directory for too long."""
+
+
+@contextlib.contextmanager
+def _writer_lock(parent: Path, timeout_s: float) -> Iterator[None]:
+  """Holds an exclusive ``flock`` on ``parent`` (a directory), waiting up to ``timeout_s``.
+
+  The lock belongs to the open file description, so it is released when the
+  holder exits, even by SIGKILL; no lock file is created.
+  """
+  if fcntl is None:
+    yield
+    return
+  fd = os.open(parent, os.O_RDONLY)
+  try:
+    deadline = time.monotonic() + timeout_s
+    while True:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        if time.monotonic() > deadline:
+          raise BaselineLockedError(
+              f"another process has been writing a baseline in {parent} for over "
+              f"{timeout_s:.0f} s; try again when it has finished."
+          ) from None
+        time.sleep(0.02)
+    yield
+  finally:
+    os.close(fd)  # releases the lock
 
 
 def write_baseline(
@@ -300,26 +367,32 @@ def write_baseline(
     The path written.
 
   Raises:
-    FileExistsError: ``out`` exists and ``force`` is False, or ``out`` holds
-      files that are not a baseline's (it is never replaced then).
+    FileExistsError: ``out`` exists and ``force`` is False, ``out`` holds
+      files that are not a baseline's, or a baseline of a newer format (it is
+      never replaced then); :class:`BaselineLockedError` when another writer
+      holds the directory for more than :data:`LOCK_TIMEOUT_S`.
+    OSError: the disk refused a write (full, read-only); the old baseline,
+      if any, is untouched and the temporary directory is removed.
     TypeError: an array cannot be stored without pickling.
   """
   out = Path(out)
   check_writable(out, force=force)
   manifest, stored = build_manifest(fields, arrays)
   out.parent.mkdir(parents=True, exist_ok=True)
-  _remove_stale_temps(out)
-  tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-  try:
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private (0700)
-    _write_npz(tmp / ARRAYS, stored)
-    _write_manifest(tmp / MANIFEST, manifest)
-    _fsync_dir(tmp)
-    _swap_in(tmp, out)
-    _fsync_dir(out.parent)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  with _writer_lock(out.parent, LOCK_TIMEOUT_S):
+    check_writable(out, force=force)  # again: another writer may have finished meanwhile
+    _remove_stale_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    try:
+      os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private (0700)
+      _write_npz(tmp / ARRAYS, stored)
+      _write_manifest(tmp / MANIFEST, manifest)
+      _fsync_dir(tmp)
+      _swap_in(tmp, out)
+      _fsync_dir(out.parent)
+    except BaseException:
+      shutil.rmtree(tmp, ignore_errors=True)
+      raise
   return out
 
 
