@@ -143,12 +143,18 @@ def _abstract(cls, *args, **kwargs):
 
 
 def _assign(variable: nnx.Variable, value: np.ndarray, name: str, module: str) -> None:
-  spec = variable.get_value()
+  # flax >= 0.12 spells it get_value/set_value (and deprecates .value); 0.11 has .value only.
+  modern = hasattr(variable, "set_value")
+  spec = variable.get_value() if modern else variable.value
   if tuple(spec.shape) != tuple(value.shape):
     raise ValueError(
         f"{module}.from_torch: `{name}` has shape {value.shape}; expected {tuple(spec.shape)}."
     )
-  variable.set_value(jnp.asarray(value, spec.dtype))
+  array = jnp.asarray(value, spec.dtype)
+  if modern:
+    variable.set_value(array)
+  else:
+    variable.value = array
 
 
 def _check_loaded(gate: nnx.Module) -> nnx.Module:

@@ -50,10 +50,16 @@ class _WindowPool(nnx.Module):
 
 
 def _divide(total: jax.Array, divisor: np.ndarray) -> jax.Array:
-  """Divides window sums by a static per-position divisor (a scalar when uniform)."""
-  if (divisor == divisor.flat[0]).all():
-    return total / jnp.asarray(divisor.flat[0], total.dtype)
-  return total / jnp.asarray(divisor.reshape(1, *divisor.shape, 1), total.dtype)
+  """Divides window sums by a static per-position divisor, correctly rounded.
+
+  XLA CPU turns ``x / broadcast(d)`` into ``x * broadcast(1 / d)``, one ULP
+  away from PyTorch's division for some sums; jaxlib 0.7 divided, 0.10
+  multiplies, so integer-valued averages drifted across the upgrade. A divisor
+  materialised at the full shape behind an optimisation barrier keeps a true
+  division on every release (measured: no cost beyond run-to-run noise).
+  """
+  divisor = jnp.asarray(divisor.reshape(1, *divisor.shape, 1) if divisor.ndim else divisor, total.dtype)
+  return total / lax.optimization_barrier(jnp.broadcast_to(divisor, total.shape))
 
 
 class AvgPool(_WindowPool):
