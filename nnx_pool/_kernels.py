@@ -18,6 +18,25 @@ runs the phase scatter while ``jax.jvp``, ``jax.hessian`` and higher orders keep
 working. For max/min the scatter is masked by the winning window offset, so the
 gradient lands exactly on the element the indices report.
 
+Large windows (more than :data:`UNROLL_LIMIT` taps) are decomposed separably,
+one spatial dim at a time, so the op count (and compile time) grows with
+``sum(window)`` instead of ``prod(window)``. Each stage is a 1-D window over one
+dim, a :class:`Geometry` whose other dims are identity windows (window 1,
+stride 1, no padding), and keeps its own custom_jvp and phase-scatter adjoint:
+
+* sums apply the 1-D windowed sum along each dim in turn: an exact linear
+  composition, only the summation order changes;
+* max/min run the dims from last to first. Each stage is a 1-D arg-select
+  that carries an integer payload, the combined row-major offset over the later
+  dims, selected alongside the values: ``offset = tap * prod(later windows) +
+  payload``. Per row the first extremum, then the first row holding it, is the
+  first extremum in row-major order; per row the last NaN, then the last row
+  with a NaN, is the last NaN in row-major order; so the result is PyTorch's
+  rule, bit for bit. A window starting in padding starts from its first real
+  cell in every stage, so an all -inf window reports its first real cell. Each
+  stage's tangent picks its winning tap, and the composition sends the
+  gradient to exactly the reported element.
+
 The entry points are jitted with the geometry static, so eager calls run one
 compiled program per shape instead of one dispatch per tap.
 """
@@ -34,9 +53,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nnx_pool._geometry import Geometry
+from nnx_pool._geometry import DimGeometry, Geometry
 
 Kind = Literal["max", "min"]
+
+# Windows with more taps than this are decomposed one spatial dim at a time.
+UNROLL_LIMIT = 64
 
 
 def accumulation_dtype(dtype) -> jnp.dtype:
@@ -210,9 +232,39 @@ def _window_sum_jvp(geom, primals, tangents):
   return _sum_taps(x, geom), _gather(t, geom)
 
 
+def _is_identity(d: DimGeometry) -> bool:
+  """Whether a dim's window leaves it unchanged (one tap, unit stride, so no padding)."""
+  return d.window == 1 and d.stride == 1
+
+
+def _stage(geom: Geometry, axis: int, spatial: tuple[int, ...]) -> Geometry:
+  """The 1-D window of ``geom`` along ``axis``, identity windows over the current ``spatial``."""
+  dims = tuple(
+      geom.dims[axis] if i == axis else DimGeometry(n, 1, 1, 1, 0, 0, n)
+      for i, n in enumerate(spatial)
+  )
+  return Geometry(dims)
+
+
+def _separable_sum(x: jax.Array, geom: Geometry) -> jax.Array:
+  """:func:`_window_sum` as one 1-D window sum per spatial dim, first to last."""
+  spatial = geom.in_shape
+  for axis, d in enumerate(geom.dims):
+    if _is_identity(d):
+      continue
+    x = _window_sum(x, _stage(geom, axis, spatial))
+    spatial = (*spatial[:axis], d.out, *spatial[axis + 1:])
+  return x
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def window_sum(x: jax.Array, geom: Geometry) -> jax.Array:
-  """Sum of every window (zero padding), shape ``(N, *geom.out_shape, C)``."""
+  """Sum of every window (zero padding), shape ``(N, *geom.out_shape, C)``.
+
+  Windows over :data:`UNROLL_LIMIT` taps are summed one spatial dim at a time.
+  """
+  if geom.size > UNROLL_LIMIT:
+    return _separable_sum(x, geom)
   return _window_sum(x, geom)
 
 
@@ -228,15 +280,131 @@ def _window_select_jvp(geom, kind, primals, tangents):
   return (values, arg), (_gather(t, geom, arg), np.zeros(arg.shape, jax.dtypes.float0))
 
 
+def _stage_select(
+    x: jax.Array, payload: jax.Array | None, geom: Geometry, axis: int, later: int,
+    init: np.ndarray, kind: Kind, offset_dtype,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Forward of one separable arg-select stage: a 1-D window along ``axis``.
+
+  ``geom`` is the stage geometry (identity windows off ``axis``), ``payload``
+  the combined offset over the later dims (``None`` for the first stage),
+  ``later`` the product of the later dims' windows, and ``init`` the static
+  combined offset of each window's first real cell over this and the later
+  dims (broadcast over the earlier dims). Same rule as :func:`_arg_select`:
+  the best starts at tap 0, a tap replaces it when ``tap > best or isnan(tap)``.
+
+  Returns:
+    The values, the combined offset (``tap * later + payload``, in
+    ``offset_dtype``) and this dim's winning tap (int32, for the tangent).
+  """
+  better_than = lax.gt if kind == "max" else lax.lt
+  floating = jnp.issubdtype(x.dtype, jnp.floating)
+  d = geom.dims[axis]
+  value_taps = taps(pad(x, geom, identity(x.dtype, kind)), geom)
+  if payload is not None:
+    payload_taps = taps(pad(payload, geom, 0), geom)
+  best = next(value_taps)
+  init = jnp.asarray(init, offset_dtype)
+  if payload is None:
+    combined = jnp.broadcast_to(init, best.shape)
+  else:
+    first_payload = next(payload_taps)
+    if d.first_real_tap().any():
+      # A window starting in padding starts from its first real row: if no row
+      # beats the identity, that row is all identity and its payload is static.
+      starts_real = (d.first_real_tap() == 0).reshape(
+          (1,) * (axis + 1) + (d.out,) + (1,) * (best.ndim - axis - 2))
+      combined = jnp.where(starts_real, first_payload, init)
+    else:
+      combined = first_payload
+  tap_dtype = jnp.int32
+  first_tap = d.first_real_tap().reshape((1,) * (axis + 1) + (d.out,) + (1,) * (best.ndim - axis - 2))
+  arg = jnp.broadcast_to(jnp.asarray(first_tap, tap_dtype), best.shape)
+  for j in range(1, d.window):
+    tap = next(value_taps)
+    better = better_than(tap, best)
+    if floating:
+      better = better | jnp.isnan(tap)
+    best = jnp.where(better, tap, best)
+    arg = jnp.where(better, jnp.asarray(j, tap_dtype), arg)
+    offset = jnp.asarray(j * later, offset_dtype)
+    if payload is not None:
+      offset = offset + next(payload_taps)
+    combined = jnp.where(better, offset, combined)
+  return best, combined, arg
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5, 6, 7))
+def _stage_select_diff(x, payload, geom, axis, later, init, kind, offset_dtype):
+  best, combined, _ = _stage_select(x, payload, geom, axis, later, init.value, kind, offset_dtype)
+  return best, combined
+
+
+@_stage_select_diff.defjvp
+def _stage_select_jvp(geom, axis, later, init, kind, offset_dtype, primals, tangents):
+  x, payload = primals
+  t, _ = tangents
+  best, combined, arg = _stage_select(x, payload, geom, axis, later, init.value, kind, offset_dtype)
+  return (best, combined), (_gather(t, geom, arg), np.zeros(combined.shape, jax.dtypes.float0))
+
+
+class _Static:
+  """A hashable wrapper for a static NumPy array (a nondiff custom_jvp argument)."""
+
+  def __init__(self, value: np.ndarray):
+    self.value = value
+    self._key = (value.shape, value.dtype.str, value.tobytes())
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, _Static) and self._key == other._key
+
+
+def _separable_select(
+    x: jax.Array, geom: Geometry, kind: Kind, differentiable: bool,
+) -> tuple[jax.Array, jax.Array]:
+  """:func:`_arg_select` as one 1-D arg-select per spatial dim, last to first."""
+  offset_dtype = offset_dtype_for(geom)
+  spatial = geom.in_shape
+  ndim = len(geom.dims)
+  payload = None
+  later = 1
+  # Combined first-real offset over the dims processed so far (last to current).
+  first_real = np.zeros((), np.int64)
+  for axis in reversed(range(ndim)):
+    d = geom.dims[axis]
+    first_real = np.add.outer(d.first_real_tap() * later, first_real)
+    if not _is_identity(d):
+      stage = _stage(geom, axis, spatial)
+      # Aligned with the array axes: (1, ..., 1, out_axis, ..., out_last, 1).
+      init = first_real.reshape((1,) * (axis + 1) + first_real.shape + (1,))
+      if differentiable:
+        x, payload = _stage_select_diff(
+            x, payload, stage, axis, later, _Static(init), kind, offset_dtype)
+      else:
+        x, payload, _ = _stage_select(x, payload, stage, axis, later, init, kind, offset_dtype)
+    later *= d.window
+    spatial = (*spatial[:axis], d.out, *spatial[axis + 1:])
+  if payload is None:  # every window is a single tap
+    payload = jnp.zeros(x.shape, offset_dtype)
+  return x, payload
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
   """Max (min) of every window and the row-major window offset it came from.
 
   For floats, differentiable in ``x`` in forward and reverse mode, to any
   order: each output's derivative is that of its winning input element. Integer
-  inputs get the plain forward.
+  inputs get the plain forward. Windows over :data:`UNROLL_LIMIT` taps are
+  reduced one spatial dim at a time.
   """
-  if jnp.issubdtype(x.dtype, jnp.floating):
+  floating = jnp.issubdtype(x.dtype, jnp.floating)
+  if geom.size > UNROLL_LIMIT:
+    return _separable_select(x, geom, kind, differentiable=floating)
+  if floating:
     return _window_select(x, geom, kind)
   return _arg_select(x, geom, kind)
 

@@ -1,0 +1,249 @@
+"""Tests for the separable path of the window kernels (nnx_pool._kernels).
+
+Windows over ``UNROLL_LIMIT`` taps are reduced one spatial dim at a time. The
+oracles are the unrolled kernels (``_arg_select``, ``_window_select``,
+``_window_sum``, called directly on the large window) and the NumPy mirror
+in :mod:`nnx_pool.reference`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend import core as jcore
+
+from nnx_pool import AvgPool, MaxPool, reference
+from nnx_pool import _kernels as K
+from nnx_pool._geometry import Window
+
+# (window, strides, padding as (low, high) pairs or "VALID", dilation, ceil_mode, input shape)
+CASES = {
+    "9x9": ((9, 9), (9, 9), "VALID", (1, 1), False, (2, 19, 20, 2)),
+    "9x9-overlap-pad": ((9, 9), (2, 3), ((4, 3), (2, 4)), (1, 1), False, (1, 16, 17, 2)),
+    "9x9-dilated-ceil": ((9, 9), (2, 2), ((4, 4), (1, 0)), (2, 1), True, (1, 21, 16, 1)),
+    # 60 taps: public entry points stay unrolled; tests force the separable path.
+    "12x5-ceil-pad": ((12, 5), (3, 2), ((6, 2), (1, 2)), (1, 1), True, (2, 23, 12, 2)),
+    "12x6-ceil-pad": ((12, 6), (3, 2), ((6, 2), (1, 3)), (1, 1), True, (1, 23, 13, 2)),
+    "5x5x5": ((5, 5, 5), (2, 3, 1), ((2, 2), (1, 2), (2, 0)), (1, 2, 1), True, (1, 9, 12, 7, 2)),
+}
+IDS = list(CASES)
+
+
+def _geom(case):
+  window, strides, padding, dilation, ceil_mode, shape = CASES[case]
+  return Window.create(window, strides, padding, dilation=dilation, ceil_mode=ceil_mode).resolve(
+      shape[1:-1]
+  )
+
+
+def _ref_kwargs(case):
+  window, strides, padding, dilation, ceil_mode, _ = CASES[case]
+  return dict(window=window, strides=strides, padding=padding), dict(
+      dilation=dilation, ceil_mode=ceil_mode
+  )
+
+
+def _select(x, geom, kind):
+  """The separable select, through the public entry point when the window is large."""
+  if geom.size > K.UNROLL_LIMIT:
+    return K.select(x, geom, kind)
+  floating = bool(jnp.issubdtype(x.dtype, jnp.floating))
+  return jax.jit(K._separable_select, static_argnums=(1, 2, 3))(x, geom, kind, floating)
+
+
+def _sum(x, geom):
+  """The separable sum, through the public entry point when the window is large."""
+  if geom.size > K.UNROLL_LIMIT:
+    return K.window_sum(x, geom)
+  return jax.jit(K._separable_sum, static_argnums=1)(x, geom)
+
+
+def _unrolled_select(x, geom, kind):
+  select = K._window_select if jnp.issubdtype(x.dtype, jnp.floating) else K._arg_select
+  return jax.jit(select, static_argnums=(1, 2))(x, geom, kind)
+
+
+def _inputs(shape, seed):
+  """Integer inputs (many ties), floats with ties, NaN and -inf/+inf, and a plain normal."""
+  rng = np.random.default_rng(seed)
+  ints = rng.integers(-3, 3, shape).astype(np.int32)
+  special = rng.integers(-3, 3, shape).astype(np.float32)
+  special[rng.random(shape) < 0.04] = np.nan
+  special[rng.random(shape) < 0.3] = -np.inf
+  special[rng.random(shape) < 0.05] = np.inf
+  # A block of -inf larger than some windows, so whole windows are -inf.
+  block = (slice(None),) + tuple(slice(0, min(n, 8)) for n in shape[1:-1]) + (slice(None),)
+  all_inf = rng.normal(size=shape).astype(np.float32)
+  all_inf[block] = -np.inf
+  return {
+      "int32": ints,
+      "int8": ints.astype(np.int8),
+      "special": special,
+      "all_neg_inf_block": all_inf,
+      "normal": rng.normal(size=shape).astype(np.float32),
+  }
+
+
+def test_dispatch_on_tap_count():
+  """Over UNROLL_LIMIT taps the public kernels are separable; at or under it, unrolled."""
+  assert all(_geom(case).size > K.UNROLL_LIMIT for case in IDS if case != "12x5-ceil-pad")
+  geom = _geom("12x5-ceil-pad")
+  assert geom.size <= K.UNROLL_LIMIT
+  x = jnp.asarray(_inputs(CASES["12x5-ceil-pad"][-1], seed=0)["normal"])
+  public = jax.make_jaxpr(lambda x: K.select(x, geom, "max"))(x)
+  unrolled = jax.make_jaxpr(lambda x: jax.jit(K._window_select, static_argnums=(1, 2))(
+      x, geom, "max"))(x)
+  assert _count_equations(public.jaxpr) == _count_equations(unrolled.jaxpr)
+
+
+# 12x6 is left to the reference test: XLA:CPU takes minutes to compile its unrolled oracle.
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("case", [case for case in IDS if case != "12x6-ceil-pad"])
+def test_select_matches_unrolled_bit_for_bit(case, kind):
+  geom = _geom(case)
+  for name, x in _inputs(CASES[case][-1], seed=IDS.index(case)).items():
+    values, offsets = _select(jnp.asarray(x), geom, kind)
+    want_values, want_offsets = _unrolled_select(jnp.asarray(x), geom, kind)
+    assert values.dtype == want_values.dtype and offsets.dtype == want_offsets.dtype, name
+    assert offsets.dtype == K.offset_dtype_for(geom), name
+    np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(offsets), np.asarray(want_offsets), err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("case", IDS)
+def test_select_matches_reference(case, kind):
+  geom = _geom(case)
+  args, kwargs = _ref_kwargs(case)
+  mirror = reference.max_pool if kind == "max" else reference.min_pool
+  for name, x in _inputs(CASES[case][-1], seed=1).items():
+    values, offsets = _select(jnp.asarray(x), geom, kind)
+    indices = K.flat_indices(offsets, geom)
+    want_values, want_indices = mirror(x, **args, **kwargs)
+    np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=name)
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_max_grad_matches_reference_and_unrolled(case):
+  geom = _geom(case)
+  args, kwargs = _ref_kwargs(case)
+  x = _inputs(CASES[case][-1], seed=2)["int32"].astype(np.float32)  # ties everywhere
+  out_shape = (x.shape[0], *geom.out_shape, x.shape[-1])
+  # Integer-valued cotangents: every accumulation is exact, whatever its order.
+  g = np.random.default_rng(3).integers(-4, 5, out_shape).astype(np.float32)
+  _, vjp = jax.vjp(lambda x: _select(x, geom, "max")[0], jnp.asarray(x))
+  (grad,) = vjp(jnp.asarray(g))
+  _, vjp_unrolled = jax.vjp(lambda x: K._window_select(x, geom, "max")[0], jnp.asarray(x))
+  (want_unrolled,) = vjp_unrolled(jnp.asarray(g))
+  np.testing.assert_array_equal(np.asarray(grad), np.asarray(want_unrolled))
+  np.testing.assert_array_equal(np.asarray(grad), reference.max_pool_grad(x, g, **args, **kwargs))
+  # Float cotangents: equal up to the order of accumulation over overlapping windows.
+  g = np.random.default_rng(4).normal(size=out_shape).astype(np.float32)
+  (grad,) = vjp(jnp.asarray(g))
+  (want_unrolled,) = vjp_unrolled(jnp.asarray(g))
+  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_unrolled), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("case", ["9x9-overlap-pad", "12x5-ceil-pad", "5x5x5"])
+def test_select_jvp_and_min_grad(case, kind):
+  geom = _geom(case)
+  args, kwargs = _ref_kwargs(case)
+  x = _inputs(CASES[case][-1], seed=5)["special"]
+  t = np.random.default_rng(6).integers(-4, 5, x.shape).astype(np.float32)
+  (values, offsets), (t_values, t_offsets) = jax.jvp(
+      lambda x: _select(x, geom, kind), (jnp.asarray(x),), (jnp.asarray(t),)
+  )
+  _, (want_t, _) = jax.jvp(
+      lambda x: K._window_select(x, geom, kind), (jnp.asarray(x),), (jnp.asarray(t),)
+  )
+  assert t_offsets.dtype == jax.dtypes.float0
+  np.testing.assert_array_equal(np.asarray(t_values), np.asarray(want_t))
+  g = np.random.default_rng(7).integers(-4, 5, values.shape).astype(np.float32)
+  grad = jax.grad(lambda x: (_select(x, geom, kind)[0] * g).sum())(jnp.asarray(x))
+  want = reference.max_pool_grad(x, g, **args, **kwargs, kind=kind)
+  np.testing.assert_array_equal(np.asarray(grad), want)
+
+
+def test_select_second_derivative_is_zero():
+  geom = _geom("9x9-overlap-pad")
+  x = jnp.asarray(_inputs(CASES["9x9-overlap-pad"][-1], seed=8)["normal"])
+  v = jnp.ones_like(x)
+  hvp = jax.jvp(jax.grad(lambda x: K.select(x, geom, "max")[0].sum()), (x,), (v,))[1]
+  np.testing.assert_array_equal(np.asarray(hvp), 0.0)
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_window_sum_matches_unrolled_and_reference(case):
+  geom = _geom(case)
+  window, strides, padding, dilation, _, shape = CASES[case]
+  # Multiples of 1/8: float32 sums are exact in any order, so both paths agree to 1e-6.
+  x = _inputs(shape, seed=9)["int32"].astype(np.float32) / 8
+  total = _sum(jnp.asarray(x), geom)
+  want = jax.jit(K._window_sum, static_argnums=1)(jnp.asarray(x), geom)
+  np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
+  g = np.random.default_rng(10).integers(-4, 5, total.shape).astype(np.float32) / 8
+  grad = jax.vjp(lambda x: _sum(x, geom), jnp.asarray(x))[1](jnp.asarray(g))[0]
+  want_grad = jax.vjp(lambda x: K._window_sum(x, geom), jnp.asarray(x))[1](jnp.asarray(g))[0]
+  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
+  # Normal floats: the summation order differs, so float32 rounding differs slightly.
+  t = _inputs(shape, seed=11)["normal"]
+  jvp = jax.jvp(lambda x: _sum(x, geom), (jnp.asarray(x),), (jnp.asarray(t),))[1]
+  np.testing.assert_allclose(
+      np.asarray(jvp), np.asarray(K._window_sum(jnp.asarray(t), geom)), rtol=1e-5, atol=1e-5
+  )
+  if all(d == 1 for d in dilation):  # reference.avg_pool has no dilation
+    ref = reference.avg_pool(
+        x.astype(np.float64), window, strides, padding, ceil_mode=CASES[case][4],
+        divisor_override=1,
+    )
+    np.testing.assert_allclose(np.asarray(total), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_modules_match_reference_on_large_windows():
+  x = _inputs((1, 20, 19, 3), seed=12)["special"]
+  values, indices = MaxPool((9, 9), strides=(2, 3), padding=((4, 4), (1, 3)), ceil_mode=True,
+                            return_indices=True)(jnp.asarray(x))
+  want_values, want_indices = reference.max_pool(x, (9, 9), (2, 3), ((4, 4), (1, 3)),
+                                                 ceil_mode=True)
+  np.testing.assert_array_equal(np.asarray(values), want_values)
+  np.testing.assert_array_equal(np.asarray(indices), want_indices)
+  x = _inputs((1, 20, 19, 3), seed=13)["normal"]
+  for count_include_pad in (True, False):
+    got = AvgPool((9, 9), strides=2, padding=((4, 4), (1, 3)), ceil_mode=True,
+                  count_include_pad=count_include_pad)(jnp.asarray(x))
+    want = reference.avg_pool(x, (9, 9), (2, 2), ((4, 4), (1, 3)), ceil_mode=True,
+                              count_include_pad=count_include_pad)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+
+
+def _count_equations(jaxpr) -> int:
+  """Equations of ``jaxpr`` and of every jaxpr nested in its equations' params."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    total += 1
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          total += _count_equations(sub.jaxpr)
+        elif isinstance(sub, jcore.Jaxpr):
+          total += _count_equations(sub)
+  return total
+
+
+@pytest.mark.parametrize("module", [MaxPool, AvgPool])
+def test_large_window_grad_program_size_is_bounded(module):
+  """Compile-time guard: the grad program of a 16x16 pool grows with sum(window).
+
+  The unrolled kernels give about 5,200 equations for jax.grad of MaxPool((16, 16))
+  (256 taps in the forward and in the scatter); the separable path about 700.
+  """
+  x = jnp.zeros((1, 64, 64, 8))
+  pool = module((16, 16))
+  jaxpr = jax.make_jaxpr(jax.grad(lambda x: pool(x).sum()))(x).jaxpr
+  assert _count_equations(jaxpr) < 1500
+  # And it scales linearly with the window side, not quadratically.
+  pool = module((32, 32))
+  jaxpr = jax.make_jaxpr(jax.grad(lambda x: pool(x).sum()))(x).jaxpr
+  assert _count_equations(jaxpr) < 3000
