@@ -59,7 +59,7 @@ from flax import nnx
 from jax import lax
 
 from nnx_pool._geometry import Geometry, Window, _is_int
-from nnx_pool._kernels import accumulation_dtype, flat_indices, select, window_sum
+from nnx_pool._kernels import accumulation_dtype, flat_indices, select, true_divide, window_sum
 from nnx_pool._layout import DtypeKind, check_in_features, prepare
 from nnx_pool._pool import _check_bool
 
@@ -173,19 +173,6 @@ def _along(vector: np.ndarray, axis: int, ndim: int) -> np.ndarray:
   return vector.reshape(shape)
 
 
-def _true_divide(total: jax.Array, divisor: np.ndarray) -> jax.Array:
-  """``total / divisor``, correctly rounded, for a static ``divisor`` broadcast to ``total``.
-
-  XLA rewrites a division by a broadcast constant into a product with its
-  rounded reciprocal (one ULP off for about 7% of integer sums over 35 cells),
-  and merges ``a / b / c`` into ``a / (b * c)`` (PyTorch rounds twice). A
-  divisor materialised at the full shape behind an optimisation barrier, and a
-  barrier on the quotient, keep exactly the division PyTorch performs.
-  """
-  full = jnp.broadcast_to(jnp.asarray(divisor, total.dtype), total.shape)
-  return lax.optimization_barrier(total / lax.optimization_barrier(full))
-
-
 # ----------------------------------------------------------------------------
 # Reductions on batched (N, *spatial, C) arrays.
 # ----------------------------------------------------------------------------
@@ -202,7 +189,7 @@ def spatial_mean(x: jax.Array) -> jax.Array:
   axes = tuple(range(1, x.ndim - 1))
   total = jnp.sum(x, axis=axes, keepdims=True, dtype=accumulation_dtype(x.dtype))
   count = np.prod(x.shape[1:-1], dtype=np.int64)
-  return _true_divide(total, count).astype(x.dtype)
+  return true_divide(total, count).astype(x.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -227,7 +214,7 @@ def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
   for axis, (length, out) in enumerate(zip(spatial, out_shape), start=1):
     if length != out:
       start, end = _bins(length, out)
-      total = _true_divide(total, _along(end - start, axis, total.ndim))
+      total = true_divide(total, _along(end - start, axis, total.ndim))
   return total.astype(x.dtype)
 
 

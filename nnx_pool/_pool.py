@@ -49,17 +49,9 @@ class _WindowPool(nnx.Module):
     )
 
 
-def _divide(total: jax.Array, divisor: np.ndarray) -> jax.Array:
-  """Divides window sums by a static per-position divisor, correctly rounded.
-
-  XLA CPU turns ``x / broadcast(d)`` into ``x * broadcast(1 / d)``, one ULP
-  away from PyTorch's division for some sums; jaxlib 0.7 divided, 0.10
-  multiplies, so integer-valued averages drifted across the upgrade. A divisor
-  materialised at the full shape behind an optimisation barrier keeps a true
-  division on every release (measured: no cost beyond run-to-run noise).
-  """
-  divisor = jnp.asarray(divisor.reshape(1, *divisor.shape, 1) if divisor.ndim else divisor, total.dtype)
-  return total / lax.optimization_barrier(jnp.broadcast_to(divisor, total.shape))
+def _spatial(divisor: np.ndarray) -> np.ndarray:
+  """A divisor of shape ``out_shape`` as ``(1, *out_shape, 1)``, to broadcast over N and C."""
+  return divisor.reshape(1, *divisor.shape, 1) if divisor.ndim else divisor
 
 
 class AvgPool(_WindowPool):
@@ -129,7 +121,7 @@ class AvgPool(_WindowPool):
       divisor = np.asarray(self.divisor_override)
     else:
       divisor = geom.divisor(count_include_pad=self.count_include_pad)
-    y = _divide(total, divisor).astype(x.dtype)
+    y = _kernels.true_divide(total, _spatial(divisor)).astype(x.dtype)
     return y if batched else y[0]
 
 
@@ -272,6 +264,7 @@ class LPPool(_WindowPool):
     xa = x.astype(_kernels.accumulation_dtype(x.dtype))
     powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
     # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
-    mean = _divide(_kernels.window_sum(powered, geom), geom.divisor(count_include_pad=True))
+    cells = _spatial(geom.divisor(count_include_pad=True))
+    mean = _kernels.true_divide(_kernels.window_sum(powered, geom), cells)
     y = jnp.power(mean * self.window.size, 1.0 / p).astype(x.dtype)
     return y if batched else y[0]
