@@ -335,7 +335,32 @@ class _Pool(nnx.Module):
     )
 
 
-class GlobalAvgPool(_Pool):
+class _GlobalPool(_Pool):
+  """A reduction over every spatial axis; subclasses give ``_reduce`` and ``_kind``."""
+
+  _kind: DtypeKind
+
+  def __init__(
+      self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
+  ):
+    super().__init__(_check_num_spatial_dims(num_spatial_dims), in_features)
+    self.keepdims = _check_bool(keepdims, "keepdims")
+
+  def _reduce(self, x: jax.Array) -> jax.Array:
+    raise NotImplementedError
+
+  def __call__(self, inputs) -> jax.Array:
+    """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
+
+    With ``keepdims=True`` the spatial axes stay, with size 1.
+    """
+    x, batched = self._prepare(inputs, self._kind)
+    y = self._reduce(x)
+    y = y if self.keepdims else y.reshape(y.shape[0], y.shape[-1])
+    return y if batched else y[0]
+
+
+class GlobalAvgPool(_GlobalPool):
   """Mean over every spatial axis, channels-last: ``(N, *spatial, C) -> (N, C)``.
 
   This is PyTorch's ``adaptive_avg_pool2d(x, 1)`` and ``x.mean((2, 3))``: the
@@ -361,24 +386,13 @@ class GlobalAvgPool(_Pool):
       (default None).
   """
 
-  def __init__(
-      self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
-  ):
-    super().__init__(_check_num_spatial_dims(num_spatial_dims), in_features)
-    self.keepdims = _check_bool(keepdims, "keepdims")
+  _kind: DtypeKind = "float"
 
-  def __call__(self, inputs) -> jax.Array:
-    """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
-
-    With ``keepdims=True`` the spatial axes stay, with size 1.
-    """
-    x, batched = self._prepare(inputs, "float")
-    y = spatial_mean(x)
-    y = y if self.keepdims else y.reshape(y.shape[0], y.shape[-1])
-    return y if batched else y[0]
+  def _reduce(self, x: jax.Array) -> jax.Array:
+    return spatial_mean(x)
 
 
-class GlobalMaxPool(_Pool):
+class GlobalMaxPool(_GlobalPool):
   """Max over every spatial axis, channels-last: ``(N, *spatial, C) -> (N, C)``.
 
   PyTorch's ``adaptive_max_pool2d(x, 1)``: NaN propagates, and the gradient
@@ -403,21 +417,10 @@ class GlobalMaxPool(_Pool):
       (default None).
   """
 
-  def __init__(
-      self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
-  ):
-    super().__init__(_check_num_spatial_dims(num_spatial_dims), in_features)
-    self.keepdims = _check_bool(keepdims, "keepdims")
+  _kind: DtypeKind = "ordered"
 
-  def __call__(self, inputs) -> jax.Array:
-    """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
-
-    With ``keepdims=True`` the spatial axes stay, with size 1.
-    """
-    x, batched = self._prepare(inputs, "ordered")
-    y = adaptive_max(x, (1,) * self.num_spatial_dims)
-    y = y if self.keepdims else y.reshape(y.shape[0], y.shape[-1])
-    return y if batched else y[0]
+  def _reduce(self, x: jax.Array) -> jax.Array:
+    return adaptive_max(x, (1,) * self.num_spatial_dims)
 
 
 class AdaptiveAvgPool(_Pool):

@@ -137,6 +137,16 @@ def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -
     )
 
 
+def _squeeze_width(in_features: int, squeeze_features, rd_ratio, rd_divisor) -> int:
+  """The hidden width: given, or timm's ``make_divisible(C * rd_ratio, rd_divisor, round_limit=0)``."""
+  if squeeze_features is None:
+    if not isinstance(rd_ratio, (int, float)) or not 0 < rd_ratio:
+      raise ValueError(f"`rd_ratio` must be a positive number; got {rd_ratio!r}.")
+    squeeze_features = make_divisible(
+        in_features * rd_ratio, _check_positive_int(rd_divisor, "rd_divisor"), round_limit=0.0)
+  return _check_positive_int(squeeze_features, "squeeze_features")
+
+
 def _abstract(cls, *args, **kwargs):
   """``cls(*args, **kwargs)`` with shape-only parameters: no initialiser runs."""
   return nnx.eval_shape(lambda: cls(*args, rngs=nnx.Rngs(0), **kwargs))
@@ -239,12 +249,7 @@ class SqueezeExcitation(_Gate):
       rngs: nnx.Rngs,
   ):
     self.in_features = _check_positive_int(in_features, "in_features")
-    if squeeze_features is None:
-      if not isinstance(rd_ratio, (int, float)) or not 0 < rd_ratio:
-        raise ValueError(f"`rd_ratio` must be a positive number; got {rd_ratio!r}.")
-      squeeze_features = make_divisible(
-          in_features * rd_ratio, _check_positive_int(rd_divisor, "rd_divisor"), round_limit=0.0)
-    self.squeeze_features = _check_positive_int(squeeze_features, "squeeze_features")
+    self.squeeze_features = _squeeze_width(in_features, squeeze_features, rd_ratio, rd_divisor)
     self.activation = _check_callable(activation, "activation")
     self.gate = _check_callable(gate, "gate")
     self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
@@ -541,12 +546,7 @@ class CBAM(_Gate):
       rngs: nnx.Rngs,
   ):
     self.in_features = _check_positive_int(in_features, "in_features")
-    if squeeze_features is None:
-      if not isinstance(rd_ratio, (int, float)) or not 0 < rd_ratio:
-        raise ValueError(f"`rd_ratio` must be a positive number; got {rd_ratio!r}.")
-      squeeze_features = make_divisible(
-          in_features * rd_ratio, _check_positive_int(rd_divisor, "rd_divisor"), round_limit=0.0)
-    self.squeeze_features = _check_positive_int(squeeze_features, "squeeze_features")
+    self.squeeze_features = _squeeze_width(in_features, squeeze_features, rd_ratio, rd_divisor)
     k = _check_positive_int(spatial_kernel_size, "spatial_kernel_size")
     if k % 2 == 0:
       raise ValueError(f"`spatial_kernel_size` must be odd (to keep the size); got {k}.")
