@@ -55,7 +55,7 @@ def build(cls, *args, seed=0, **kwargs):
 
 
 def set_param(variable, value):
-  variable.set_value(jnp.asarray(value, jnp.float32))
+  variable[...] = jnp.asarray(value, jnp.float32)
 
 
 def seed000_map(h, w, c, n=1):
