@@ -340,7 +340,7 @@ def _writer_lock(parent: Path, timeout_s: float) -> Iterator[None]:
         if time.monotonic() > deadline:
           raise BaselineLockedError(
               f"another process has been writing a baseline in {parent} for over "
-              f"{timeout_s:.0f} s; try again when it has finished."
+              f"{timeout_s:g} s; try again when it has finished."
           ) from None
         time.sleep(0.02)
     yield

@@ -1,0 +1,377 @@
+"""The regression kit under stress: concurrent records, a full disk, a newer format, many devices.
+
+Each failure must end with a one-line message and leave the previous baseline
+byte for byte as it was. ``check --devices N`` runs the batch sharded over N
+simulated CPU devices, which needs a fresh interpreter (this one initialised
+JAX with one device): the tests run it in subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import regression
+from regression import cli, commands, runner, store
+from regression.batch import Batch, Case, load_batch
+from regression.compare import compare_arrays
+from regression.store import BaselineError, read_baseline
+from regression.tolerance import tolerance_for
+
+REPO = Path(regression.__file__).resolve().parents[1]
+FAST = 3  # timed steady-state calls per case
+
+
+def _env() -> dict:
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+  return env
+
+
+def _double(tag: str) -> Case:
+  return Case(f"double_{tag}", lambda: (lambda x: 2 * x), input="one", module="fn")
+
+
+def _snapshot(path: Path) -> dict:
+  return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+@pytest.fixture
+def baseline(tmp_path) -> Path:
+  out = tmp_path / "base"
+  report = commands.record([_double("old")], out, reps=FAST)
+  assert report.exit_code == 0, report.rows
+  return out
+
+
+# ------------------------------------------------------------- a full disk
+
+
+def _full_disk(partial: bool):
+  def write(path, payload):
+    if partial:  # a real full disk fails after part of the file is written
+      path.write_bytes(b"PK\x03\x04 half a file")
+    raise OSError(28, "No space left on device")
+
+  return write
+
+
+@pytest.mark.parametrize("seam", ["_write_npz", "_write_manifest"])
+def test_regression_record_on_a_full_disk_keeps_the_previous_baseline(
+    baseline, tmp_path, monkeypatch, capsys, seam):
+  before = _snapshot(baseline)
+  monkeypatch.setattr(store, seam, _full_disk(partial=True))
+  code = cli.main(["record", "--out", str(baseline), "--force"],
+                  batch=lambda: Batch([_double("new")]))
+  err = capsys.readouterr().err
+  assert code == 2
+  assert err == (
+      f"error: could not write baseline {baseline} (ENOSPC: No space left on device); "
+      "the previous baseline is unchanged.\n")
+  assert _snapshot(baseline) == before
+  assert list(read_baseline(baseline).manifest["cases"]) == ["double_old"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temp dir left
+
+
+def test_regression_record_on_a_full_disk_writes_nothing_new(tmp_path, monkeypatch, capsys):
+  out = tmp_path / "fresh"
+  monkeypatch.setattr(store, "_write_npz", _full_disk(partial=False))
+  code = cli.main(["record", "--out", str(out)], batch=lambda: Batch([_double("new")]))
+  assert code == 2
+  assert capsys.readouterr().err == (
+      f"error: could not write baseline {out} (ENOSPC: No space left on device); "
+      "nothing was written.\n")
+  assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------- a newer format
+
+
+def _bump_format(path: Path, version: int) -> None:
+  manifest = json.loads((path / "manifest.json").read_text())
+  manifest["format_version"] = version
+  (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_regression_record_refuses_to_replace_a_newer_format_baseline(baseline, capsys):
+  _bump_format(baseline, store.FORMAT_VERSION + 1)
+  before = _snapshot(baseline)
+  code = cli.main(["record", "--out", str(baseline), "--force"],
+                  batch=lambda: Batch([_double("new")]))
+  assert code == 2
+  assert capsys.readouterr().err == (
+      f"error: baseline {baseline} has format version {store.FORMAT_VERSION + 1}, newer than "
+      f"this nnx-pool writes ({store.FORMAT_VERSION}); refusing to replace it, even with "
+      "--force. Upgrade nnx-pool, or record to another directory with --out.\n")
+  assert _snapshot(baseline) == before
+
+
+@pytest.mark.parametrize("command", ["check", "diff"])
+def test_regression_reading_a_newer_format_baseline_exits_2(baseline, capsys, command):
+  _bump_format(baseline, store.FORMAT_VERSION + 1)
+  before = _snapshot(baseline)
+  argv = (["check", "--baseline", str(baseline)] if command == "check"
+          else ["diff", str(baseline), str(baseline)])
+  code = cli.main(argv, batch=lambda: Batch([_double("old")]))
+  assert code == 2
+  assert capsys.readouterr().err == (
+      f"error: baseline {baseline}: format version {store.FORMAT_VERSION + 1} is newer than "
+      f"this nnx-pool reads ({store.FORMAT_VERSION}); upgrade nnx-pool or re-record the "
+      "baseline.\n")
+  assert _snapshot(baseline) == before
+
+
+# ------------------------------------------------------ concurrent records
+
+# Each child records its own one-case batch into the same new directory with the
+# real `record` command. The array write is slowed down so that the writers
+# overlap; they start together.
+_RECORDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from regression import cli, store
+    from regression.batch import Batch, Case
+
+    out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    real = store._write_npz
+
+    def slow_write(path, arrays):
+      real(path, arrays)
+      time.sleep(0.3)
+
+    store._write_npz = slow_write
+    batch = lambda: Batch([Case("double_" + tag, lambda: (lambda x: 2 * x), input="one")])
+    while not go.exists():
+      time.sleep(0.01)
+    sys.exit(cli.main(["record", "--out", str(out)], batch=batch))
+""")
+
+# The store alone (no JAX): each child replaces the same baseline with --force.
+_FORCED_WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import numpy as np
+    from regression import store
+
+    out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    real = store._write_npz
+
+    def slow_write(path, arrays):
+      real(path, arrays)
+      time.sleep(0.2)
+
+    store._write_npz = slow_write
+    while not go.exists():
+      time.sleep(0.01)
+    store.write_baseline(out, {"kind": tag}, {tag: np.full(1000, ord(tag), np.int32)}, force=True)
+""")
+
+
+def _run_together(script: str, out: Path, tags: list[str]) -> list:
+  go = out.parent / "go"
+  children = [
+      subprocess.Popen([sys.executable, "-c", script, str(out), tag, str(go)], cwd=REPO,
+                       env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for tag in tags
+  ]
+  go.touch()
+  results = []
+  for child in children:
+    stdout, stderr = child.communicate(timeout=120)
+    results.append((child.returncode, stdout, stderr))
+  go.unlink()
+  return results
+
+
+def test_regression_concurrent_records_one_wins_the_others_refuse(tmp_path):
+  out = tmp_path / "base"
+  tags = ["a", "b"]
+  results = _run_together(_RECORDER, out, tags)
+  codes = [code for code, _, _ in results]
+  assert sorted(codes) == [0, 2], results
+  winner = tags[codes.index(0)]
+  for code, _, stderr in results:
+    if code == 2:  # a loser found the winner's baseline, whole, and says so
+      assert stderr == f"error: baseline {out} exists; pass --force to replace it.\n"
+  assert list(read_baseline(out).manifest["cases"]) == [f"double_{winner}"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temp dir left
+
+
+def test_regression_concurrent_forced_writes_leave_one_whole_baseline(baseline, tmp_path):
+  tags = ["a", "b", "c", "d"]
+  results = _run_together(_FORCED_WRITER, baseline, tags)
+  assert [code for code, _, _ in results] == [0, 0, 0, 0], results
+  # One writer's baseline, complete and consistent (digests and checksum verified).
+  final = read_baseline(baseline)
+  tag = final.manifest["kind"]
+  assert tag in tags
+  assert list(final.arrays) == [tag]
+  np.testing.assert_array_equal(final.arrays[tag], np.full(1000, ord(tag), np.int32))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def test_regression_writer_waits_for_the_lock_then_gives_a_clear_message(
+    baseline, monkeypatch):
+  # Another writer holds the directory (an open file description of its own, as another
+  # process would); this one gives up after the timeout.
+  import fcntl
+
+  holder = os.open(baseline.parent, os.O_RDONLY)
+  fcntl.flock(holder, fcntl.LOCK_EX)
+  before = _snapshot(baseline)
+  monkeypatch.setattr(store, "LOCK_TIMEOUT_S", 0.2)
+  try:
+    with pytest.raises(store.BaselineLockedError, match=(
+        r"another process has been writing a baseline in .* for over 0\.2 s; try again")):
+      store.write_baseline(baseline, {"kind": "x"}, {"a": np.zeros(1)}, force=True)
+  finally:
+    os.close(holder)
+  assert _snapshot(baseline) == before
+
+
+# --------------------------------------------------------- sharded checks
+
+# Real batch cases across the module families: selections with indices, window
+# and whole-map averages, bfloat16, an unbatched input, an error case, gates
+# with stored weights and parameter gradients (summed over the sharded batch).
+SHARDED_CASES = (
+    "max_k2_indices_int32_ints", "avg_k3s2_same_batch", "lp2_k2_bf16_batch",
+    "avg_k23_s12_pairs_unbatched", "max_bad_rank", "se_gate_map",
+)
+
+
+@pytest.fixture(scope="module")
+def sharded_baseline(tmp_path_factory) -> Path:
+  out = tmp_path_factory.mktemp("sharded") / "base"
+  cases = [c for c in load_batch().cases if c.name in SHARDED_CASES]
+  assert sorted(c.name for c in cases) == sorted(SHARDED_CASES)
+  report = commands.record(cases, out, reps=FAST)  # on this process's single device
+  assert report.exit_code == 0, [(r.case, r.details) for r in report.rows]
+  return out
+
+
+_SHARDED_CHECK = textwrap.dedent("""
+    import sys
+    from regression import cli
+    from regression.batch import Batch, load_batch
+
+    assert "jax" not in sys.modules  # the CLI sets XLA_FLAGS before JAX initialises
+    names = sys.argv[1].split(",")
+    batch = lambda: Batch([c for c in load_batch().cases if c.name in names])
+    sys.exit(cli.main(sys.argv[2:], batch=batch))
+""")
+
+
+def test_regression_check_devices_shards_the_batch_and_matches_one_device(
+    sharded_baseline, tmp_path):
+  report_path = tmp_path / "report.json"
+  done = subprocess.run(
+      [sys.executable, "-c", _SHARDED_CHECK, ",".join(SHARDED_CASES), "check", "--devices",
+       "4", "--baseline", str(sharded_baseline), "--json", str(report_path)],
+      cwd=REPO, env=_env(), capture_output=True, text=True, timeout=180, check=False)
+  assert done.returncode == 0, done.stdout + done.stderr
+  report = json.loads(report_path.read_text())
+  assert report["counts"] == {"PASS": len(SHARDED_CASES)}
+  # Expected: the single-device baseline; the stamp says what changed.
+  assert "device_count 1 -> 4" in report["stamp_changes"]
+  assert report["notes"][0] == (
+      "sharded run: mesh axis 'batch' over 4 cpu devices (explicit axes); every copy of a "
+      "repeated batch is compared with the baseline")
+  assert report["notes"][1:] == [
+      "  2 case(s): batch of 2 repeated 4 times, sharded over 4 devices",
+      "  2 case(s): batch of 3 repeated 4 times, sharded over 4 devices",
+      "  1 case(s): replicated on 4 devices (an error case)",
+      "  1 case(s): replicated on 4 devices (no batch axis)",
+  ]
+  se = next(r for r in report["rows"] if r["case"] == "se_gate_map")
+  assert {"output", "grad/input", "grad/params/fc1/kernel"} <= set(se["arrays"])
+
+
+def test_regression_check_devices_reruns_itself_when_jax_is_initialised(
+    sharded_baseline, tmp_path):
+  # This process initialised JAX with one device: the command re-runs in a fresh
+  # interpreter with XLA_FLAGS set, and returns its exit code.
+  report_path = tmp_path / "report.json"
+  code = cli.main(["check", "--devices", "2", "--baseline", str(sharded_baseline), "-k",
+                   "avg_k3s2_same_batch", "--json", str(report_path)])
+  assert code == 0
+  report = json.loads(report_path.read_text())
+  assert report["counts"] == {"PASS": 1}
+  assert report["notes"][-1] == "  1 case(s): batch of 3 repeated 2 times, sharded over 2 devices"
+
+
+def test_regression_check_devices_with_a_custom_batch_needs_the_flag_set_first(
+    baseline, capsys):
+  have = jax.device_count()  # this process initialised JAX (one device under plain pytest)
+  code = cli.main(["check", "--devices", str(have + 3), "--baseline", str(baseline)],
+                  batch=lambda: Batch([_double("old")]))
+  assert code == 2
+  assert capsys.readouterr().err == (
+      f"error: --devices {have + 3}: JAX is already initialised with {have} device(s) and a "
+      "custom batch cannot be re-run in a fresh interpreter; set "
+      f"XLA_FLAGS=--xla_force_host_platform_device_count={have + 3} before importing JAX.\n")
+
+
+def test_regression_check_with_more_devices_than_jax_sees_exits_2(baseline):
+  have = jax.device_count()
+  report = commands.check([_double("old")], baseline, devices=have + 3, reps=FAST)
+  assert report.exit_code == 2
+  assert report.error.startswith(
+      f"--devices {have + 3}: JAX sees {have} cpu device(s). Simulated CPU devices need "
+      f"XLA_FLAGS=--xla_force_host_platform_device_count={have + 3}")
+
+
+def test_regression_devices_must_be_a_positive_integer(capsys):
+  with pytest.raises(SystemExit) as info:
+    cli.main(["check", "--devices", "0"])
+  assert info.value.code == 2
+  assert "argument --devices: must be a positive integer; got '0'" in capsys.readouterr().err
+
+
+def test_regression_xla_flags_keep_other_flags_and_replace_the_device_count():
+  flags = "--xla_cpu_use_thunk_runtime=false --xla_force_host_platform_device_count=2"
+  assert cli.with_device_count(flags, 8) == (
+      "--xla_cpu_use_thunk_runtime=false --xla_force_host_platform_device_count=8")
+  assert cli.with_device_count("", 4) == "--xla_force_host_platform_device_count=4"
+
+
+def test_regression_split_copies_divides_parameter_gradients_by_the_copies():
+  tiled = np.arange(12.0, dtype=np.float32).reshape(6, 2)  # 3 copies of a batch of 2
+  pieces = runner.split_copies("output", tiled, 3)
+  assert [p.tolist() for p in pieces] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10, 11]]]
+  (grad,) = runner.split_copies("grad/params/fc1/kernel", np.array([3.0, 6.0], np.float32), 3)
+  assert grad.dtype == np.float32 and grad.tolist() == [1.0, 2.0]
+
+
+def test_regression_a_copy_that_differs_fails_the_case():
+  expected = np.ones((2, 3), np.float32)
+  tiled = np.ones((8, 3), np.float32)
+  tiled[5, 1] = 1.5  # copy 2, row 1
+  tol = tolerance_for("select", "output", np.dtype(np.float32))
+  verdict = commands._compare_copies("output", tiled, expected, tol, 4)
+  assert not verdict.passed
+  assert verdict.message == (
+      "1 of 4 copies differ; copy 2: 1 of 6 elements differ (first at (1, 1): 1.5 vs "
+      "baseline 1)")
+  assert verdict.max_abs == 0.5 and verdict.size == 24
+  assert compare_arrays(tiled[:2], expected, tol).passed
+
+
+def test_regression_check_after_a_failed_record_still_reads_the_old_baseline(
+    baseline, monkeypatch):
+  monkeypatch.setattr(store, "_write_manifest", _full_disk(partial=True))
+  report = commands.record([_double("new")], baseline, force=True, reps=FAST)
+  assert report.exit_code == 2
+  monkeypatch.undo()
+  check = commands.check([_double("old")], baseline, reps=FAST)
+  assert check.exit_code == 0 and [r.status for r in check.rows] == ["PASS"]
+  with pytest.raises(BaselineError, match="no such directory"):
+    read_baseline(baseline.parent / "elsewhere")
