@@ -30,8 +30,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
+
+# Sharded use is supported from jax 0.10: on the floor release (jax 0.7.0, which the
+# rest of the suite covers) these checks fail, among them a custom_jvp shape/dtype
+# check in the sharded training step. The limit is stated in docs/limits.md.
+if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 10):
+  pytest.skip(
+      f"sharded use needs jax >= 0.10; this is jax {jax.__version__}", allow_module_level=True
+  )
 from flax import nnx
 
 import nnx_pool
