@@ -58,10 +58,10 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool._geometry import Geometry, Window, _is_int
+from nnx_pool._args import check_bool, check_num_spatial_dims, is_int
+from nnx_pool._geometry import Geometry, Window
 from nnx_pool._kernels import accumulation_dtype, flat_indices, select, true_divide, window_sum
 from nnx_pool._layout import DtypeKind, check_in_features, prepare
-from nnx_pool._pool import _check_bool
 
 _POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")
 # The largest window (in cells) for which a divisible adaptive pool runs on the
@@ -74,30 +74,22 @@ _MAX_WINDOW_CELLS = 64
 # ----------------------------------------------------------------------------
 
 
-def _check_num_spatial_dims(value) -> int:
-  if not _is_int(value):
-    raise TypeError(f"`num_spatial_dims` must be 1, 2 or 3; got {value!r}.")
-  if value not in (1, 2, 3):
-    raise ValueError(f"`num_spatial_dims` must be 1, 2 or 3; got {value!r}.")
-  return int(value)
-
-
 def _parse_output_size(output_size, num_spatial_dims) -> tuple[int | None, ...]:
   """Returns one entry per spatial dim: a positive int, or None to keep that dim."""
   forms = (
       "an int (applied to `num_spatial_dims` dims, default 2) or a tuple of 1 to 3 "
       "entries, each a positive int or None (keep that dim)"
   )
-  if _is_int(output_size):
-    ndim = 2 if num_spatial_dims is None else _check_num_spatial_dims(num_spatial_dims)
+  if is_int(output_size):
+    ndim = 2 if num_spatial_dims is None else check_num_spatial_dims(num_spatial_dims)
     sizes = (output_size,) * ndim
   elif isinstance(output_size, Sequence) and not isinstance(output_size, str):
     sizes = tuple(output_size)
     if not 1 <= len(sizes) <= 3:
       raise ValueError(f"`output_size` must be {forms}; got {output_size!r}.")
-    if not all(s is None or _is_int(s) for s in sizes):
+    if not all(s is None or is_int(s) for s in sizes):
       raise TypeError(f"`output_size` must be {forms}; got {output_size!r}.")
-    if num_spatial_dims is not None and _check_num_spatial_dims(num_spatial_dims) != len(sizes):
+    if num_spatial_dims is not None and check_num_spatial_dims(num_spatial_dims) != len(sizes):
       raise ValueError(
           f"`output_size` {output_size!r} has {len(sizes)} entries but "
           f"`num_spatial_dims` is {num_spatial_dims}; give one or make them agree."
@@ -343,8 +335,8 @@ class _GlobalPool(_Pool):
   def __init__(
       self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
   ):
-    super().__init__(_check_num_spatial_dims(num_spatial_dims), in_features)
-    self.keepdims = _check_bool(keepdims, "keepdims")
+    super().__init__(check_num_spatial_dims(num_spatial_dims), in_features)
+    self.keepdims = check_bool(keepdims, "keepdims")
 
   def _reduce(self, x: jax.Array) -> jax.Array:
     raise NotImplementedError
@@ -494,7 +486,7 @@ class AdaptiveMaxPool(_Pool):
                return_indices: bool = False, in_features: int | None = None):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
     super().__init__(len(self.output_size), in_features)
-    self.return_indices = _check_bool(return_indices, "return_indices")
+    self.return_indices = check_bool(return_indices, "return_indices")
 
   def __call__(self, inputs) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``.
@@ -549,7 +541,7 @@ class SelectAdaptivePool(_Pool):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
     super().__init__(len(self.output_size), in_features)
     self.pool_type = pool_type
-    self.flatten = _check_bool(flatten, "flatten")
+    self.flatten = check_bool(flatten, "flatten")
 
   def feat_mult(self) -> int:
     """How many times the input channels the output has: 2 for ``"catavgmax"``, else 1."""

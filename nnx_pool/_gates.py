@@ -35,7 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool._adaptive import _check_num_spatial_dims, spatial_mean
+from nnx_pool._adaptive import spatial_mean
+from nnx_pool._args import (
+  check_bool,
+  check_callable,
+  check_num_spatial_dims,
+  check_number,
+  check_positive_int,
+)
 from nnx_pool._layout import prepare
 
 Activation = Callable[[jax.Array], jax.Array]
@@ -67,20 +74,6 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
 # ----------------------------------------------------------------------------
 # Argument checks and state-dict reading.
 # ----------------------------------------------------------------------------
-
-
-def _check_positive_int(value, name: str) -> int:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"`{name}` must be a positive int; got {value!r}.")
-  if value < 1:
-    raise ValueError(f"`{name}` must be a positive int; got {value!r}.")
-  return int(value)
-
-
-def _check_callable(value, name: str) -> Activation:
-  if not callable(value):
-    raise TypeError(f"`{name}` must be a callable such as nnx.relu; got {value!r}.")
-  return value
 
 
 def _to_numpy(value) -> np.ndarray:
@@ -140,11 +133,10 @@ def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -
 def _squeeze_width(in_features: int, squeeze_features, rd_ratio, rd_divisor) -> int:
   """The hidden width: given, or timm's ``make_divisible(C * rd_ratio, rd_divisor, round_limit=0)``."""
   if squeeze_features is None:
-    if not isinstance(rd_ratio, (int, float)) or not 0 < rd_ratio:
-      raise ValueError(f"`rd_ratio` must be a positive number; got {rd_ratio!r}.")
+    rd_ratio = check_number(rd_ratio, "rd_ratio", positive=True)
     squeeze_features = make_divisible(
-        in_features * rd_ratio, _check_positive_int(rd_divisor, "rd_divisor"), round_limit=0.0)
-  return _check_positive_int(squeeze_features, "squeeze_features")
+        in_features * rd_ratio, check_positive_int(rd_divisor, "rd_divisor"), round_limit=0.0)
+  return check_positive_int(squeeze_features, "squeeze_features")
 
 
 def _abstract(cls, *args, **kwargs):
@@ -248,12 +240,12 @@ class SqueezeExcitation(_Gate):
       param_dtype=jnp.float32,
       rngs: nnx.Rngs,
   ):
-    self.in_features = _check_positive_int(in_features, "in_features")
+    self.in_features = check_positive_int(in_features, "in_features")
     self.squeeze_features = _squeeze_width(in_features, squeeze_features, rd_ratio, rd_divisor)
-    self.activation = _check_callable(activation, "activation")
-    self.gate = _check_callable(gate, "gate")
-    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
-    linear = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.activation = check_callable(activation, "activation")
+    self.gate = check_callable(gate, "gate")
+    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
+    linear = dict(use_bias=check_bool(use_bias, "use_bias"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, **linear)
     self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, **linear)
 
@@ -337,9 +329,9 @@ class EffectiveSqueezeExcitation(_Gate):
       param_dtype=jnp.float32,
       rngs: nnx.Rngs,
   ):
-    self.in_features = _check_positive_int(in_features, "in_features")
-    self.gate = _check_callable(gate, "gate")
-    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
+    self.in_features = check_positive_int(in_features, "in_features")
+    self.gate = check_callable(gate, "gate")
+    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
     self.fc = nnx.Linear(
         self.in_features, self.in_features, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
@@ -378,6 +370,9 @@ def eca_kernel_size(in_features: int, gamma: float = 2, beta: float = 1) -> int:
   >>> eca_kernel_size(64), eca_kernel_size(128), eca_kernel_size(2048)
   (3, 5, 7)
   """
+  in_features = check_positive_int(in_features, "in_features")
+  gamma = check_number(gamma, "gamma", positive=True)
+  beta = check_number(beta, "beta")
   t = int(abs(math.log(in_features, 2) + beta) / gamma)  # timm's expression
   return max(t if t % 2 else t + 1, 3)
 
@@ -432,17 +427,17 @@ class EfficientChannelAttention(_Gate):
       raise ValueError(
           "EfficientChannelAttention needs `in_features` or `kernel_size`; got neither.")
     if in_features is not None:
-      in_features = _check_positive_int(in_features, "in_features")
+      in_features = check_positive_int(in_features, "in_features")
     self.in_features = in_features
     if kernel_size is None:
       kernel_size = eca_kernel_size(self.in_features, gamma, beta)
-    kernel_size = _check_positive_int(kernel_size, "kernel_size")
+    kernel_size = check_positive_int(kernel_size, "kernel_size")
     if kernel_size % 2 == 0:
       raise ValueError(
           f"`kernel_size` must be odd (the output keeps C channels); got {kernel_size}.")
     self.kernel_size = kernel_size
-    self.gate = _check_callable(gate, "gate")
-    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
+    self.gate = check_callable(gate, "gate")
+    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
     pad = (kernel_size - 1) // 2
     self.conv = nnx.Conv(
         1, 1, (kernel_size,), padding=((pad, pad),), use_bias=False, dtype=dtype,
@@ -545,16 +540,17 @@ class CBAM(_Gate):
       param_dtype=jnp.float32,
       rngs: nnx.Rngs,
   ):
-    self.in_features = _check_positive_int(in_features, "in_features")
+    self.in_features = check_positive_int(in_features, "in_features")
     self.squeeze_features = _squeeze_width(in_features, squeeze_features, rd_ratio, rd_divisor)
-    k = _check_positive_int(spatial_kernel_size, "spatial_kernel_size")
+    k = check_positive_int(spatial_kernel_size, "spatial_kernel_size")
     if k % 2 == 0:
       raise ValueError(f"`spatial_kernel_size` must be odd (to keep the size); got {k}.")
     self.spatial_kernel_size = k
-    self.activation = _check_callable(activation, "activation")
-    self.gate = _check_callable(gate, "gate")
-    self.num_spatial_dims = _check_num_spatial_dims(num_spatial_dims)
+    self.activation = check_callable(activation, "activation")
+    self.gate = check_callable(gate, "gate")
+    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
     common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    use_bias = check_bool(use_bias, "use_bias")
     self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, use_bias=use_bias, **common)
     self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, use_bias=use_bias, **common)
     pad = ((k - 1) // 2, (k - 1) // 2)

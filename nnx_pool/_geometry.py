@@ -29,6 +29,11 @@ from typing import Union
 
 import numpy as np
 
+from nnx_pool._args import check_bool, is_int
+
+# The largest window, stride or dilation entry: sizes are int64 in XLA and PyTorch.
+MAX_SIZE = 2**63 - 1
+
 PaddingLike = Union[str, int, Sequence[int], Sequence[tuple[int, int]]]
 # A resolved padding spec: "VALID", "SAME", or one (low, high) pair per dim.
 PaddingSpec = Union[str, tuple[tuple[int, int], ...]]
@@ -39,10 +44,6 @@ _PADDING_FORMS = (
 )
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...]:
   """Returns ``value`` (an int or a sequence of ``ndim`` ints) as an ``ndim``-tuple.
 
@@ -50,10 +51,10 @@ def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...
     TypeError: ``value`` is neither an int nor a sequence of ints.
     ValueError: wrong length, or an entry below ``minimum``.
   """
-  if _is_int(value):
+  if is_int(value):
     values = (int(value),) * ndim
   elif isinstance(value, Sequence) and not isinstance(value, str):
-    if not all(_is_int(v) for v in value):
+    if not all(is_int(v) for v in value):
       raise TypeError(f"`{name}` must be an int or a tuple of ints; got {value!r}.")
     values = tuple(int(v) for v in value)
     if len(values) != ndim:
@@ -65,12 +66,14 @@ def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...
     raise TypeError(f"`{name}` must be an int or a tuple of ints; got {value!r}.")
   if any(v < minimum for v in values):
     raise ValueError(f"`{name}` entries must be >= {minimum}; got {value!r}.")
+  if any(v > MAX_SIZE for v in values):
+    raise ValueError(f"`{name}` entries must be at most 2**63 - 1 (int64); got {value!r}.")
   return values
 
 
 def num_spatial_dims(window_shape) -> int:
   """The number of spatial dims a window stands for: 1 for an int, else its length."""
-  if _is_int(window_shape):
+  if is_int(window_shape):
     return 1
   if isinstance(window_shape, Sequence) and not isinstance(window_shape, str):
     if not 1 <= len(window_shape) <= 3:
@@ -89,7 +92,7 @@ def parse_padding(padding: PaddingLike, ndim: int) -> PaddingSpec:
     if upper not in ("VALID", "SAME"):
       raise ValueError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
     return upper
-  if _is_int(padding):
+  if is_int(padding):
     pairs = ((int(padding), int(padding)),) * ndim
   elif isinstance(padding, Sequence):
     if len(padding) != ndim:
@@ -97,10 +100,10 @@ def parse_padding(padding: PaddingLike, ndim: int) -> PaddingSpec:
           f"`padding` must have one entry per spatial dim ({ndim}); got {padding!r}. "
           f"Accepted: {_PADDING_FORMS}."
       )
-    if all(_is_int(p) for p in padding):
+    if all(is_int(p) for p in padding):
       pairs = tuple((int(p), int(p)) for p in padding)
     elif all(
-        isinstance(p, Sequence) and len(p) == 2 and all(_is_int(q) for q in p) for p in padding
+        isinstance(p, Sequence) and len(p) == 2 and all(is_int(q) for q in p) for p in padding
     ):
       pairs = tuple((int(lo), int(hi)) for lo, hi in padding)
     else:
@@ -134,8 +137,7 @@ class Window:
     shape = as_tuple(window_shape, ndim, "window_shape")
     strides = shape if strides is None else as_tuple(strides, ndim, "strides")
     dilation = as_tuple(dilation, ndim, "dilation")
-    if not isinstance(ceil_mode, (bool, np.bool_)):
-      raise TypeError(f"`ceil_mode` must be a bool; got {ceil_mode!r}.")
+    ceil_mode = check_bool(ceil_mode, "ceil_mode")
     spec = parse_padding(padding, ndim)
     if spec == "SAME" and ceil_mode:
       raise ValueError(
@@ -150,7 +152,7 @@ class Window:
               f"`padding` must be at most half the effective window on each side "
               f"(dim {dim}: window {k}, dilation {d}, so at most {half}); got {padding!r}."
           )
-    return cls(shape, strides, dilation, spec, bool(ceil_mode))
+    return cls(shape, strides, dilation, spec, ceil_mode)
 
   @property
   def ndim(self) -> int:
@@ -168,7 +170,12 @@ class Window:
 
 @dataclasses.dataclass(frozen=True)
 class DimGeometry:
-  """One spatial dim of a window placed over an input of length ``length``."""
+  """One spatial dim of a window placed over an input of length ``length``.
+
+  ``window`` counts the taps that can reach ``[-pad_low, L + pad_high)``, at
+  most the window asked for (fewer only for a ceil-mode window overhanging the
+  padded input); ``stride`` is 1 when ``out`` is 1. Neither changes a result.
+  """
 
   length: int
   window: int
@@ -188,28 +195,33 @@ class DimGeometry:
     reach = (self.out - 1) * self.stride + self.effective_window
     return max(reach - self.length - self.pad_low, 0)
 
-  def tap_positions(self) -> np.ndarray:
-    """Input coordinate of every tap, shape ``(out, window)``; negative or >= L is padding."""
-    starts = np.arange(self.out) * self.stride - self.pad_low
-    return starts[:, None] + np.arange(self.window)[None, :] * self.dilation
+  def _taps_within(self, low: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per output position: the first tap at a coordinate in ``[low, high)`` and how many are.
+
+    Tap ``j`` of window ``i`` sits at ``i * stride - pad_low + j * dilation``; the
+    taps inside an interval are a contiguous run of ``j``, found in closed form
+    (no ``(out, window)`` array, so a window of any length costs ``O(out)``).
+    """
+    starts = np.arange(self.out, dtype=np.int64) * self.stride - self.pad_low
+    first = np.maximum(-((starts - low) // self.dilation), 0)  # ceil((low - start) / d)
+    last = np.minimum((high - 1 - starts) // self.dilation, self.window - 1)
+    count = np.maximum(last - first + 1, 0)
+    return np.where(count > 0, first, 0), count
 
   def real_count(self) -> np.ndarray:
     """Taps per output position that fall on real input cells."""
-    taps = self.tap_positions()
-    return ((taps >= 0) & (taps < self.length)).sum(axis=1)
+    return self._taps_within(0, self.length)[1]
 
   def padded_count(self) -> np.ndarray:
     """Taps inside ``[-pad_low, L + pad_high)``: PyTorch's count_include_pad divisor.
 
     Explicit padding counts; the ceil-mode overhang past it does not.
     """
-    taps = self.tap_positions()
-    return ((taps >= -self.pad_low) & (taps < self.length + self.pad_high)).sum(axis=1)
+    return self._taps_within(-self.pad_low, self.length + self.pad_high)[1]
 
   def first_real_tap(self) -> np.ndarray:
     """Index of the first tap on a real cell, per output position."""
-    taps = self.tap_positions()
-    return np.argmax((taps >= 0) & (taps < self.length), axis=1)
+    return self._taps_within(0, self.length)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,6 +312,12 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
           f"window {k}, dilation {d} (effective {e}), stride {s} and padding ({lo}, {hi}) "
           f"gives {out} outputs. The window must fit in the padded input."
       )
+    # Only taps in [-lo, L + hi) can matter: later ones read the ceil-mode
+    # overhang, which holds the identity and counts in no divisor. Keeping the
+    # taps that reach it and (with one window) a unit stride bounds every
+    # number below by the padded input, whatever the window or stride asked.
+    k = min(k, (length + lo + hi - 1) // d + 1)
+    s = 1 if out == 1 else s
     dim = DimGeometry(length, k, s, d, lo, hi, out)
     if not dim.real_count().all():
       empty = int(np.argmin(dim.real_count()))

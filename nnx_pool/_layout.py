@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from nnx_pool._args import check_positive_int
+
 DtypeKind = Literal["float", "ordered"]
 
 
@@ -82,13 +84,7 @@ def check_features(
 
 def check_in_features(in_features) -> int | None:
   """Validates an optional ``in_features`` constructor argument."""
-  if in_features is None:
-    return None
-  if not isinstance(in_features, (int, np.integer)) or isinstance(in_features, bool):
-    raise TypeError(f"`in_features` must be a positive int or None; got {in_features!r}.")
-  if in_features < 1:
-    raise ValueError(f"`in_features` must be a positive int or None; got {in_features!r}.")
-  return int(in_features)
+  return check_positive_int(in_features, "in_features", optional=True)
 
 
 def prepare(

@@ -14,8 +14,6 @@ places padding as lax and Flax do.
 
 from __future__ import annotations
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,14 +21,9 @@ from flax import nnx
 from jax import lax
 
 from nnx_pool import _kernels
-from nnx_pool._geometry import PaddingLike, Window
+from nnx_pool._args import check_bool, check_number, check_positive_int
+from nnx_pool._geometry import MAX_SIZE, PaddingLike, Window
 from nnx_pool._layout import DtypeKind, check_in_features, prepare
-
-
-def _check_bool(value, name: str) -> bool:
-  if not isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"`{name}` must be a bool; got {value!r}.")
-  return bool(value)
 
 
 class _WindowPool(nnx.Module):
@@ -103,13 +96,10 @@ class AvgPool(_WindowPool):
       in_features: int | None = None,
   ):
     super().__init__(Window.create(window_shape, strides, padding, ceil_mode=ceil_mode), in_features)
-    self.count_include_pad = _check_bool(count_include_pad, "count_include_pad")
-    if divisor_override is not None:
-      if not isinstance(divisor_override, numbers.Integral) or isinstance(divisor_override, bool):
-        raise TypeError(f"`divisor_override` must be a positive int or None; got {divisor_override!r}.")
-      if divisor_override < 1:
-        raise ValueError(f"`divisor_override` must be a positive int or None; got {divisor_override!r}.")
-      divisor_override = int(divisor_override)
+    self.count_include_pad = check_bool(count_include_pad, "count_include_pad")
+    divisor_override = check_positive_int(divisor_override, "divisor_override", optional=True)
+    if divisor_override is not None and divisor_override > MAX_SIZE:
+      raise ValueError(f"`divisor_override` must be at most 2**63 - 1 (int64); got {divisor_override}.")
     self.divisor_override = divisor_override
 
   def __call__(self, inputs) -> jax.Array:
@@ -144,7 +134,7 @@ class _SelectPool(_WindowPool):
   ):
     window = Window.create(window_shape, strides, padding, dilation=dilation, ceil_mode=ceil_mode)
     super().__init__(window, in_features)
-    self.return_indices = _check_bool(return_indices, "return_indices")
+    self.return_indices = check_bool(return_indices, "return_indices")
 
   def __call__(self, inputs) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)``.
@@ -249,12 +239,9 @@ class LPPool(_WindowPool):
       ceil_mode: bool = False,
       in_features: int | None = None,
   ):
-    if not isinstance(norm_type, numbers.Real) or isinstance(norm_type, bool):
-      raise TypeError(f"`norm_type` must be a positive finite number; got {norm_type!r}.")
-    if not (np.isfinite(norm_type) and norm_type > 0):
-      raise ValueError(f"`norm_type` must be a positive finite number; got {norm_type!r}.")
+    norm_type = check_number(norm_type, "norm_type", positive=True)
     super().__init__(Window.create(window_shape, strides, 0, ceil_mode=ceil_mode), in_features)
-    self.norm_type = float(norm_type)
+    self.norm_type = norm_type
 
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
@@ -266,5 +253,5 @@ class LPPool(_WindowPool):
     # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
     cells = _spatial(geom.divisor(count_include_pad=True))
     mean = _kernels.true_divide(_kernels.window_sum(powered, geom), cells)
-    y = jnp.power(mean * self.window.size, 1.0 / p).astype(x.dtype)
+    y = jnp.power(mean * float(self.window.size), 1.0 / p).astype(x.dtype)
     return y if batched else y[0]

@@ -62,6 +62,51 @@ def test_geometry_first_real_offset_skips_left_padding():
   assert first[1, 1] == 0
 
 
+def _brute_counts(length, k, s, d, lo, hi, out):
+  """Every tap enumerated: (real count, count inside [-lo, L + hi), first real tap)."""
+  real, padded, first = [], [], []
+  for i in range(out):
+    pos = [i * s - lo + j * d for j in range(k)]
+    on_real = [0 <= p < length for p in pos]
+    real.append(sum(on_real))
+    padded.append(sum(-lo <= p < length + hi for p in pos))
+    first.append(on_real.index(True) if any(on_real) else 0)
+  return real, padded, first
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("length", [1, 2, 5, 7])
+def test_geometry_closed_form_counts_match_every_tap_enumerated(length, ceil_mode):
+  checked = 0
+  for k in range(1, 6):
+    for s in range(1, 5):
+      for d in range(1, 4):
+        half = (d * (k - 1) + 1) // 2
+        for lo in range(half + 1):
+          for hi in range(half + 1):
+            try:
+              (dim,) = Window.create(k, s, ((lo, hi),), dilation=d,
+                                     ceil_mode=ceil_mode).resolve((length,)).dims
+            except ValueError:
+              continue
+            real, padded, first = _brute_counts(length, k, s, d, lo, hi, dim.out)
+            np.testing.assert_array_equal(dim.real_count(), real)
+            np.testing.assert_array_equal(dim.padded_count(), padded)
+            np.testing.assert_array_equal(dim.first_real_tap(), first)
+            checked += 1
+  assert checked >= 50  # configurations that resolve, even for L = 1
+
+
+def test_geometry_keeps_only_the_taps_that_reach_the_padded_input():
+  # Ceil mode, L=4, k=10**12 (stride 10**12): one window, of which taps 0-3 are real.
+  (dim,) = Window.create(10**12, ceil_mode=True).resolve((4,)).dims
+  assert (dim.out, dim.window, dim.stride, dim.applied_high) == (1, 4, 1, 0)
+  np.testing.assert_array_equal(dim.real_count(), [4])
+  # L=5, k=4, s=3, pad 1, ceil: windows start at -1 and 2; reach = 2 + 4 = 6 = L + 1.
+  (dim,) = Window.create(4, 3, 1, ceil_mode=True).resolve((5,)).dims
+  assert (dim.out, dim.window, dim.stride) == (2, 4, 3)
+
+
 def test_geometry_strides_default_to_window():
   assert Window.create((2, 3)).strides == (2, 3)
   assert Window.create((2, 3), 1).strides == (1, 1)

@@ -417,12 +417,8 @@ _JUNK = st.one_of(
     st.sampled_from([np.array([2, 2]), np.array(2), 1 + 1j, {"k": 1}, b"2", nnx.relu, object()]),
 )
 # Not fuzzed: the gates' `rngs`, `dtype` and `param_dtype`, which go to flax.nnx
-# unchanged (their errors are Flax's). Kept valid, each with an xfail test below
-# that names the library change: `rd_ratio` infinities, ECA's `gamma` and `beta`,
-# the gates' `use_bias`.
-_FINITE_RATIOS = st.one_of(
-    st.sampled_from([1 / 16, 0.5, 0.0, -1.0, float("nan"), True, np.float64(0.25), "1/16", None]),
-    st.integers(-1, 3))
+# unchanged (their errors are Flax's).
+_RATIOS = st.sampled_from([1 / 16, 0.5, np.float32(0.25), np.float64(2.0), 10**400])
 
 
 def _gate(cls, **extra):
@@ -472,7 +468,8 @@ _MODULES = {
     "EffectiveSqueezeExcitation": (_gate(EffectiveSqueezeExcitation), dict(
         in_features=[4], gate=_GATE_FN, num_spatial_dims=_NSD)),
     "EfficientChannelAttention": (_gate(EfficientChannelAttention), dict(
-        in_features=[4, None], kernel_size=[None, 3, 1], gate=_GATE_FN, num_spatial_dims=_NSD)),
+        in_features=[4, None], kernel_size=[None, 3, 1], gamma=[2, 1.5, np.float32(3)],
+        beta=[1, -2.5, 0], gate=_GATE_FN, num_spatial_dims=_NSD)),
     "CBAM": (_gate(CBAM), dict(
         in_features=[4], squeeze_features=[None, 2], rd_ratio=[1 / 16, 0.5], rd_divisor=[1, 2],
         spatial_kernel_size=[3, 1], activation=[nnx.relu], gate=_GATE_FN, use_bias=[False, True],
@@ -524,10 +521,11 @@ def _fuzz(name, data):
   factory, space = _MODULES[name]
   kwargs = {}
   for arg, valid in space.items():
-    junk = arg != "use_bias" and data.draw(
+    junk = data.draw(
         st.sampled_from([False, False, False, False, False, True]), label=f"junk {arg}?")
     if junk:
-      kwargs[arg] = data.draw(_FINITE_RATIOS if arg == "rd_ratio" else _JUNK, label=arg)
+      kwargs[arg] = data.draw(st.one_of(_JUNK, _RATIOS) if arg == "rd_ratio" else _JUNK,
+                              label=arg)
     else:
       kwargs[arg] = data.draw(st.sampled_from(valid), label=arg)
   x = data.draw(_input_arrays(), label="inputs")
@@ -703,33 +701,28 @@ def test_indices_of_a_plane_just_under_int32_are_int32():
   assert indices.dtype == jnp.int32 and indices.shape == (1, 2, 2, 1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "A window far larger than the input (here 10**12 taps, allowed by ceil_mode's overhang "
-    "rule) makes DimGeometry.tap_positions allocate an (out, window) array: MemoryError. "
-    "Fix in nnx_pool/_geometry.py: compute real_count/padded_count/first_real_tap in "
-    "closed form (clip each window's [start, start + e) to [0, L)), or refuse effective "
-    "windows longer than L + pad_low + pad_high + stride with a ValueError."))
-def test_a_window_far_larger_than_the_input_is_refused_or_computed():
-  x = np.arange(4.0, dtype=np.float32).reshape(1, 4, 1)
-  try:
-    got = MaxPool(10**12, ceil_mode=True)(x)
-  except ValueError as e:
-    assert raised_by_nnx_pool(e)
-    return
-  np.testing.assert_array_equal(got, [[[3.0]]])  # hand: the max of the one window
+@pytest.mark.parametrize("window", [5, 10**12, 2**63 - 1], ids=["5", "1e12", "int64max"])
+def test_a_window_far_larger_than_the_input_costs_what_the_input_does(window):
+  # Ceil mode lets one window overhang the input by less than a stride (the stride
+  # is the window): only the taps on real cells matter, however many the window has.
+  x = np.array([[[1.0], [4.0], [2.0], [3.0]]], np.float32)
+  values, indices = MaxPool(window, ceil_mode=True, return_indices=True)(x)
+  np.testing.assert_array_equal(values, [[[4.0]]])  # hand: the max of the one window
+  np.testing.assert_array_equal(indices, [[[1]]])
+  np.testing.assert_array_equal(AvgPool(window, ceil_mode=True)(x), [[[2.5]]])  # 10 / 4 cells
+  grad = jax.grad(lambda v: MaxPool(window, ceil_mode=True)(v).sum())(x)
+  np.testing.assert_array_equal(grad, [[[0.0], [1.0], [0.0], [0.0]]])
+  # PyTorch's LP rule, (mean of x**2 over the real cells * window) ** (1/2), in float64.
+  want = np.sqrt(np.float64(30 / 4) * window)
+  np.testing.assert_allclose(LPPool(2, window, ceil_mode=True)(x)[0, 0, 0], want, rtol=1e-6)
 
 
 # ============================================================================
-# Arguments the fuzzing found mishandled (library changes needed).
+# Arguments the fuzzing found mishandled, now refused by our own errors.
 # ============================================================================
 
 
 @pytest.mark.parametrize("cls", [SqueezeExcitation, CBAM])
-@pytest.mark.xfail(strict=True, reason=(
-    "rd_ratio=inf reaches make_divisible and int(inf) raises OverflowError. Fix in "
-    "nnx_pool/_gates.py (SqueezeExcitation and CBAM): require numbers.Real, not bool, "
-    "finite and > 0, e.g. `if isinstance(rd_ratio, bool) or not isinstance(rd_ratio, "
-    "numbers.Real) or not (math.isfinite(rd_ratio) and rd_ratio > 0): raise ValueError(...)`."))
 def test_gates_refuse_an_infinite_rd_ratio(cls):
   with pytest.raises(ValueError, match="`rd_ratio` must be a positive") as info:
     cls(8, rd_ratio=float("inf"), rngs=nnx.Rngs(0))
@@ -737,14 +730,10 @@ def test_gates_refuse_an_infinite_rd_ratio(cls):
 
 
 @pytest.mark.parametrize("cls", [SqueezeExcitation, CBAM])
-@pytest.mark.xfail(strict=True, reason=(
-    "rd_ratio is checked with isinstance(rd_ratio, (int, float)): True passes as 1.0 and "
-    "np.float32(0.25) is refused. Fix in nnx_pool/_gates.py: accept numbers.Real except "
-    "bool (the check above)."))
 def test_gates_take_numpy_ratios_and_refuse_bool_ratios(cls):
   gate = cls(64, rd_ratio=np.float32(0.25), rd_divisor=8, rngs=nnx.Rngs(0))
   assert gate.squeeze_features == 16  # hand: make_divisible(64 * 0.25, 8) = 16
-  with pytest.raises(ValueError, match="`rd_ratio`"):
+  with pytest.raises(TypeError, match="`rd_ratio` must be a positive finite number; got True"):
     cls(8, rd_ratio=True, rngs=nnx.Rngs(0))
 
 
@@ -752,12 +741,6 @@ def test_gates_take_numpy_ratios_and_refuse_bool_ratios(cls):
     (dict(gamma=0), "`gamma`"), (dict(gamma=float("nan")), "`gamma`"),
     (dict(gamma="2"), "`gamma`"), (dict(beta=float("inf")), "`beta`"),
 ], ids=["gamma0", "gamma_nan", "gamma_str", "beta_inf"])
-@pytest.mark.xfail(strict=True, reason=(
-    "EfficientChannelAttention passes gamma and beta to eca_kernel_size unchecked: gamma=0 "
-    "raises ZeroDivisionError, NaN a ValueError from int(), a string a TypeError from the "
-    "arithmetic, beta=inf an OverflowError. Fix in nnx_pool/_gates.py: when kernel_size is None, "
-    "require gamma a finite positive number and beta a finite number (numbers.Real, not "
-    "bool) with a ValueError/TypeError naming the argument."))
 def test_eca_refuses_bad_gamma_and_beta(kwargs, match):
   with pytest.raises((ValueError, TypeError), match=match) as info:
     EfficientChannelAttention(8, **kwargs, rngs=nnx.Rngs(0))
@@ -766,11 +749,6 @@ def test_eca_refuses_bad_gamma_and_beta(kwargs, match):
 
 @pytest.mark.parametrize("cls", [SqueezeExcitation, CBAM])
 @pytest.mark.parametrize("use_bias", [-1, "yes", None])
-@pytest.mark.xfail(strict=True, reason=(
-    "use_bias is passed to nnx.Linear unchecked; anything but a bool fails later, at the "
-    "first call, on a bare `assert` inside Flax (AssertionError, gone under python -O), and 0 "
-    "quietly means False. Fix in nnx_pool/_gates.py (SqueezeExcitation and CBAM): "
-    "`use_bias = _check_bool(use_bias, 'use_bias')` as the pools check their bool options."))
 def test_gates_refuse_a_use_bias_that_is_not_a_bool(cls, use_bias):
   with pytest.raises(TypeError, match="`use_bias` must be a bool") as info:
     cls(8, use_bias=use_bias, rngs=nnx.Rngs(0))
@@ -781,12 +759,6 @@ def test_gates_refuse_a_use_bias_that_is_not_a_bool(cls, use_bias):
     lambda: LPPool(10**400, 2),
     lambda: AvgPool(2, divisor_override=10**400)(np.ones((1, 4, 1), np.float32)),
 ], ids=["LPPool-norm_type", "AvgPool-divisor_override"])
-@pytest.mark.xfail(strict=True, reason=(
-    "Integers too large for a float: LPPool(10**400) fails inside np.isfinite with a NumPy "
-    "TypeError, AvgPool(divisor_override=10**400) with an OverflowError when the divisor "
-    "becomes a float32. Fix in nnx_pool/_pool.py: convert with float() inside try/except "
-    "OverflowError and raise the module's ValueError ('must be a positive finite number'); "
-    "for divisor_override also refuse values above 2**24 (not exact in float32)."))
 def test_numbers_too_large_for_a_float_are_refused(call):
   with pytest.raises(ValueError) as info:
     call()
