@@ -61,7 +61,13 @@ from jax import lax
 from nnx_pool._args import check_bool, check_num_spatial_dims, is_int
 from nnx_pool._geometry import Geometry, Window
 from nnx_pool._kernels import accumulation_dtype, flat_indices, select, true_divide, window_sum
-from nnx_pool._layout import DtypeKind, check_in_features, prepare
+from nnx_pool._layout import (
+  DtypeKind,
+  check_in_features,
+  check_nonempty_spatial,
+  check_plane_indexable,
+  prepare,
+)
 
 _POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")
 # The largest window (in cells) for which a divisible adaptive pool runs on the
@@ -101,11 +107,7 @@ def _parse_output_size(output_size, num_spatial_dims) -> tuple[int | None, ...]:
   return tuple(None if s is None else int(s) for s in sizes)
 
 
-def _resolve_out_shape(
-    sizes: tuple[int | None, ...], spatial: tuple[int, ...], module: str
-) -> tuple[int, ...]:
-  if 0 in spatial:
-    raise ValueError(f"{module}: adaptive pooling needs non-empty spatial dims; got {spatial}.")
+def _resolve_out_shape(sizes: tuple[int | None, ...], spatial: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(length if t is None else t for t, length in zip(sizes, spatial))
 
 
@@ -243,7 +245,7 @@ def _max_and_index(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array,
   n, spatial, c = x.shape[0], x.shape[1:-1], x.shape[-1]
   result_shape = (n, *out_shape, c)
   if all(t == 1 for t in out_shape):
-    x = x.reshape(n, -1, c)
+    x = x.reshape(n, math.prod(spatial), c)  # not -1: N or C may be 0
     spatial, out_shape = x.shape[1:-1], (1,)
   values, index, plane_stride = x, None, 1
   for axis in reversed(range(1, x.ndim - 1)):
@@ -268,9 +270,23 @@ def _max_and_index(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array,
 
 
 def _take_plane(t: jax.Array, index: jax.Array) -> jax.Array:
-  """``t[n, index[n, ..., c], c]``: cells of each (n, c) plane at flat per-plane indices."""
+  """``t[n, index[n, ..., c], c]``: cells of each (n, c) plane at flat per-plane indices.
+
+  One index per plane (a global max) selects with a mask and a sum over the
+  plane rather than a gather: with the plane sharded over devices that is a
+  plain all-reduce, where a gather's output sharding would be ambiguous. The
+  sum is exact (one term is not zero) but for the sign of a zero: a selected
+  -0.0 comes back as +0.0.
+  """
   n, c = t.shape[0], t.shape[-1]
-  flat = jnp.take_along_axis(t.reshape(n, -1, c), index.reshape(n, -1, c), axis=1)
+  plane, picks = math.prod(t.shape[1:-1]), math.prod(index.shape[1:-1])
+  flat_t, flat_index = t.reshape(n, plane, c), index.reshape(n, picks, c)  # not -1: N, C may be 0
+  if picks == 1:
+    cell = lax.broadcasted_iota(jnp.int32, flat_t.shape, 1)
+    flat = jnp.sum(jnp.where(cell == flat_index, flat_t, jnp.zeros((), t.dtype)), axis=1,
+                   keepdims=True)
+  else:
+    flat = jnp.take_along_axis(flat_t, flat_index, axis=1)
   return flat.reshape(index.shape)
 
 
@@ -320,17 +336,22 @@ class _Pool(nnx.Module):
     self.num_spatial_dims = num_spatial_dims
     self.in_features = check_in_features(in_features)
 
-  def _prepare(self, inputs, kind: DtypeKind) -> tuple[jax.Array, bool]:
-    return prepare(
-        inputs, self.num_spatial_dims, kind=kind, module=type(self).__name__,
-        in_features=self.in_features,
-    )
+  def _prepare(self, inputs, kind: DtypeKind, *, indexed: bool) -> tuple[jax.Array, bool]:
+    """The batched input, checked; ``indexed``: a max, whose flat indices must fit in int32."""
+    module = type(self).__name__
+    x, batched = prepare(
+        inputs, self.num_spatial_dims, kind=kind, module=module, in_features=self.in_features)
+    check_nonempty_spatial(x, module)
+    if indexed:
+      check_plane_indexable(x.shape[1:-1], module, " The max keeps one (for its gradient too).")
+    return x, batched
 
 
 class _GlobalPool(_Pool):
-  """A reduction over every spatial axis; subclasses give ``_reduce`` and ``_kind``."""
+  """A reduction over every spatial axis; subclasses give ``_reduce``, ``_kind``, ``_indexed``."""
 
   _kind: DtypeKind
+  _indexed: bool  # whether _reduce computes flat indices
 
   def __init__(
       self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
@@ -346,7 +367,7 @@ class _GlobalPool(_Pool):
 
     With ``keepdims=True`` the spatial axes stay, with size 1.
     """
-    x, batched = self._prepare(inputs, self._kind)
+    x, batched = self._prepare(inputs, self._kind, indexed=self._indexed)
     y = self._reduce(x)
     y = y if self.keepdims else y.reshape(y.shape[0], y.shape[-1])
     return y if batched else y[0]
@@ -379,6 +400,7 @@ class GlobalAvgPool(_GlobalPool):
   """
 
   _kind: DtypeKind = "float"
+  _indexed = False
 
   def _reduce(self, x: jax.Array) -> jax.Array:
     return spatial_mean(x)
@@ -410,6 +432,7 @@ class GlobalMaxPool(_GlobalPool):
   """
 
   _kind: DtypeKind = "ordered"
+  _indexed = True
 
   def _reduce(self, x: jax.Array) -> jax.Array:
     return adaptive_max(x, (1,) * self.num_spatial_dims)
@@ -448,8 +471,8 @@ class AdaptiveAvgPool(_Pool):
 
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
-    x, batched = self._prepare(inputs, "float")
-    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1], type(self).__name__)
+    x, batched = self._prepare(inputs, "float", indexed=False)
+    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1])
     y = adaptive_avg(x, out_shape)
     return y if batched else y[0]
 
@@ -494,8 +517,8 @@ class AdaptiveMaxPool(_Pool):
     Returns:
       The pooled array; with ``return_indices=True``, ``(values, indices)``.
     """
-    x, batched = self._prepare(inputs, "ordered")
-    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1], type(self).__name__)
+    x, batched = self._prepare(inputs, "ordered", indexed=True)
+    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1])
     out = adaptive_max(x, out_shape, self.return_indices)
     return out if batched else jax.tree.map(lambda a: a[0], out)
 
@@ -552,8 +575,9 @@ class SelectAdaptivePool(_Pool):
 
     Unbatched ``(*spatial, C)`` gives ``(*out, C * feat_mult())`` or ``(features,)``.
     """
-    x, batched = self._prepare(inputs, "ordered" if self.pool_type == "max" else "float")
-    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1], type(self).__name__)
+    x, batched = self._prepare(inputs, "ordered" if self.pool_type == "max" else "float",
+                               indexed=self.pool_type != "avg")
+    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1])
     if self.pool_type == "avg":
       y = adaptive_avg(x, out_shape)
     elif self.pool_type == "max":

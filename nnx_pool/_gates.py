@@ -43,7 +43,7 @@ from nnx_pool._args import (
   check_number,
   check_positive_int,
 )
-from nnx_pool._layout import prepare
+from nnx_pool._layout import check_nonempty_spatial, prepare
 
 Activation = Callable[[jax.Array], jax.Array]
 
@@ -180,10 +180,11 @@ class _Gate(nnx.Module):
   """Shared plumbing: the channel and rank checks, and batching."""
 
   def _prepare(self, inputs) -> tuple[jax.Array, bool]:
-    return prepare(
-        inputs, self.num_spatial_dims, kind="float", module=type(self).__name__,
-        in_features=self.in_features,
-    )
+    module = type(self).__name__
+    x, batched = prepare(
+        inputs, self.num_spatial_dims, kind="float", module=module, in_features=self.in_features)
+    check_nonempty_spatial(x, module)  # a gate pools the whole map
+    return x, batched
 
 
 # ----------------------------------------------------------------------------
@@ -245,7 +246,8 @@ class SqueezeExcitation(_Gate):
     self.activation = check_callable(activation, "activation")
     self.gate = check_callable(gate, "gate")
     self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
-    linear = dict(use_bias=check_bool(use_bias, "use_bias"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    use_bias = check_bool(use_bias, "use_bias")
+    linear = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, **linear)
     self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, **linear)
 

@@ -115,6 +115,12 @@ def taps(xp: jax.Array, geom: Geometry) -> Iterator[jax.Array]:
 
 def offset_dtype_for(geom: Geometry) -> jnp.dtype:
   """int8 window offsets when they fit (less memory traffic for the backward), else int32."""
+  if geom.size > 2**31 - 1:
+    raise ValueError(
+        f"A max or min pool window reaching {geom.size} cells of the input is past what its "
+        "int32 window offsets (kept for the gradient) address, 2**31 - 1 cells; pool tiles "
+        "of the map, then pool the results."
+    )
   return jnp.dtype(jnp.int8 if geom.size <= 127 else jnp.int32)
 
 

@@ -8,6 +8,7 @@ guessing.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import jax
@@ -80,6 +81,29 @@ def check_features(
         f"use jnp.moveaxis(x, {channel_first_axis}, -1)."
     )
   raise ValueError(message)
+
+
+def check_nonempty_spatial(x: jax.Array, module: str, name: str = "inputs") -> None:
+  """Refuses a zero-size spatial dim where a module reduces the whole map (or bins of it)."""
+  if 0 in x.shape[1:-1]:
+    raise ValueError(
+        f"{module}: `{name}` needs non-empty spatial dims (there is nothing to pool); got "
+        f"spatial shape {tuple(x.shape[1:-1])} in shape {tuple(x.shape)}."
+    )
+
+
+# Flat per-plane indices are int32, as jax.numpy's default integer without x64.
+MAX_PLANE = 2**31 - 1
+
+
+def check_plane_indexable(spatial: tuple[int, ...], module: str, hint: str = "") -> None:
+  """Refuses a plane whose flat indices would not fit in int32."""
+  cells = math.prod(spatial)
+  if cells > MAX_PLANE:
+    raise ValueError(
+        f"{module}: a plane of spatial shape {tuple(spatial)} has {cells} cells, but flat "
+        f"indices are int32 and address at most 2**31 - 1 = {MAX_PLANE} cells.{hint}"
+    )
 
 
 def check_in_features(in_features) -> int | None:

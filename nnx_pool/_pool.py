@@ -23,7 +23,7 @@ from jax import lax
 from nnx_pool import _kernels
 from nnx_pool._args import check_bool, check_number, check_positive_int
 from nnx_pool._geometry import MAX_SIZE, PaddingLike, Window
-from nnx_pool._layout import DtypeKind, check_in_features, prepare
+from nnx_pool._layout import DtypeKind, check_in_features, check_plane_indexable, prepare
 
 
 class _WindowPool(nnx.Module):
@@ -99,7 +99,8 @@ class AvgPool(_WindowPool):
     self.count_include_pad = check_bool(count_include_pad, "count_include_pad")
     divisor_override = check_positive_int(divisor_override, "divisor_override", optional=True)
     if divisor_override is not None and divisor_override > MAX_SIZE:
-      raise ValueError(f"`divisor_override` must be at most 2**63 - 1 (int64); got {divisor_override}.")
+      raise ValueError(
+          f"`divisor_override` must be at most 2**63 - 1 (int64); got {divisor_override}.")
     self.divisor_override = divisor_override
 
   def __call__(self, inputs) -> jax.Array:
@@ -145,6 +146,9 @@ class _SelectPool(_WindowPool):
       selected element (PyTorch's convention, ``h * W + w`` in 2-D) in the same shape.
     """
     x, batched = self._prepare(inputs)
+    if self.return_indices:
+      check_plane_indexable(
+          x.shape[1:-1], type(self).__name__, " Pool without return_indices, or tile the map.")
     geom = self.window.resolve(x.shape[1:-1])
     values, arg = _kernels.select(x, geom, self._kind)
     out = (values, _kernels.flat_indices(arg, geom)) if self.return_indices else values

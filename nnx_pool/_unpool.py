@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
@@ -11,7 +12,14 @@ import numpy as np
 from flax import nnx
 
 from nnx_pool._geometry import as_tuple, num_spatial_dims
-from nnx_pool._layout import as_array, check_dtype, check_features, check_in_features, check_rank
+from nnx_pool._layout import (
+  as_array,
+  check_dtype,
+  check_features,
+  check_in_features,
+  check_plane_indexable,
+  check_rank,
+)
 
 
 class MaxUnpool(nnx.Module):
@@ -78,6 +86,7 @@ class MaxUnpool(nnx.Module):
           )
     if any(n < 1 for n in size):
       raise ValueError(f"MaxUnpool: the output size {size} has an empty dim.")
+    check_plane_indexable(size, "MaxUnpool", " The output plane is what `indices` address.")
     return size
 
   def __call__(self, inputs, indices, output_size=None) -> jax.Array:
@@ -102,9 +111,7 @@ class MaxUnpool(nnx.Module):
     if not batched:
       x, indices = x[None], indices[None]
     size = self._output_size(x.shape[1:-1], output_size)
-    plane = 1
-    for n in size:
-      plane *= n
+    plane = math.prod(size)
     try:
       concrete = np.asarray(indices)
     except jax.errors.TracerArrayConversionError:  # inside jit: out-of-range indices drop
@@ -123,19 +130,17 @@ class MaxUnpool(nnx.Module):
 @functools.partial(jax.jit, static_argnums=2)
 def _unpool(x: jax.Array, indices: jax.Array, size: tuple[int, ...]) -> jax.Array:
   n, c = x.shape[0], x.shape[-1]
-  plane = 1
-  for s in size:
-    plane *= s
-  # (N, P, C) -> (N, C, P): one row per plane.
-  values = jnp.moveaxis(x.reshape(n, -1, c), -1, 1)
-  targets = jnp.moveaxis(indices.reshape(n, -1, c), -1, 1)
-  order = jnp.broadcast_to(jnp.arange(values.shape[-1], dtype=jnp.int32), values.shape)
+  cells, plane = math.prod(x.shape[1:-1]), math.prod(size)
+  # (N, P, C) -> (N, C, P): one row per plane (P spelt out: N or C may be 0).
+  values = jnp.moveaxis(x.reshape(n, cells, c), -1, 1)
+  targets = jnp.moveaxis(indices.reshape(n, cells, c), -1, 1)
 
-  def winners(target, rank):
+  def winners(target):
     # The highest input position writing each cell wins; -1 where none writes.
+    rank = jnp.arange(cells, dtype=jnp.int32)
     return jnp.full((plane,), -1, jnp.int32).at[target].max(rank, mode="drop")
 
-  winner = jax.vmap(jax.vmap(winners))(targets, order)
+  winner = jax.vmap(jax.vmap(winners))(targets)
   gathered = jnp.take_along_axis(values, jnp.maximum(winner, 0), axis=-1)
   y = jnp.where(winner >= 0, gathered, jnp.zeros((), x.dtype))
   return jnp.moveaxis(y, 1, -1).reshape(n, *size, c)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -72,6 +73,16 @@ _FORMS = ('"VALID" or "SAME" (any case), an int (both sides of every dim), a tup
           "(symmetric per dim), or a tuple of (low, high) pairs")
 _OUTPUT_FORMS = ("an int (applied to `num_spatial_dims` dims, default 2) or a tuple of 1 to 3 "
                  "entries, each a positive int or None (keep that dim)")
+
+
+def _empty(c: int) -> str:
+  return ("needs non-empty spatial dims (there is nothing to pool); got spatial shape (0, 4) "
+          f"in shape (1, 0, 4, {c}).")
+
+
+
+_BIG = ("a plane of spatial shape (65536, 65536) has 4294967296 cells, but flat indices are "
+        "int32 and address at most 2**31 - 1 = 2147483647 cells.")
 _W, _G, _A, _U, _T, _F = (
     "Window pools", "Global pools", "Adaptive pools", "Max unpooling", "Gates", "Gates: from_torch")
 
@@ -128,6 +139,9 @@ ROWS = (
        "`dilation` entries must be >= 1; got 0."),
     _r(_W, SELECT, "`dilation` a float", "{M}((2, 2), dilation=1.0)", "TypeError",
        "`dilation` must be an int or a tuple of ints; got 1.0."),
+    _r(_W, SELECT, "`return_indices` on a plane past int32",
+       "jax.eval_shape({M}((2, 2), 2**15, return_indices=True), spec(1, 65536, 65536, 1))",
+       "ValueError", f"{{M}}: {_BIG} Pool without return_indices, or tile the map."),
     _r(_W, SELECT, "`return_indices` not a bool", "{M}((2, 2), return_indices=1)", "TypeError",
        "`return_indices` must be a bool; got 1."),
     _r(_W, "AvgPool", "`count_include_pad` not a bool", "AvgPool((2, 2), count_include_pad=None)",
@@ -238,6 +252,12 @@ ROWS = (
        "`output_size` must be an int or a tuple of ints; got 2.5."),
     _r(_U, "MaxUnpool", "an empty output", "MaxUnpool(2, padding=1)(x(1, 1, 1), idx(1, 1, 1))",
        "ValueError", "MaxUnpool: the output size (0,) has an empty dim."),
+    _r(_U, "MaxUnpool", "an output plane past int32 indices",
+       "jax.eval_shape(MaxUnpool((2, 2), 2**16), spec(1, 2, 2, 1), "
+       "spec(1, 2, 2, 1, dtype=jnp.int32))", "ValueError",
+       "MaxUnpool: a plane of spatial shape (65538, 65538) has 4295229444 cells, but flat "
+       "indices are int32 and address at most 2**31 - 1 = 2147483647 cells. The output plane "
+       "is what `indices` address."),
     _r(_U, "MaxUnpool", "`inputs` of the wrong rank", "MaxUnpool((2, 2))(x(6, 6), idx(6, 6))",
        "ValueError",
        "MaxUnpool: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 "
@@ -260,6 +280,11 @@ ROWS = (
     _r(_G, GLOBAL, "`inputs` channels-first", "{M}(in_features=2)(x(1, 2, 6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last with in_features=2 on the last axis; got shape "
        "(1, 2, 6, 6). It looks channels-first (NCHW: 2 on axis 1); use jnp.moveaxis(x, 1, -1)."),
+    _r(_G, GLOBAL, "a spatial dim of size 0", "{M}()(x(1, 0, 4, 1))", "ValueError",
+       "{M}: `inputs` " + _empty(1)),
+    _r(_G, "GlobalMaxPool", "a plane past int32 indices",
+       "jax.eval_shape(GlobalMaxPool(), spec(1, 65536, 65536, 1))", "ValueError",
+       f"GlobalMaxPool: {_BIG} The max keeps one (for its gradient too)."),
     _r(_G, GLOBAL, "`inputs` bool", "{M}()(x(1, 4, 4, 1, dtype=bool))", "TypeError",
        "{M}: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
     _r(_G, "GlobalAvgPool", "`inputs` integer (average)",
@@ -294,7 +319,13 @@ ROWS = (
     _r(_A, "SelectAdaptivePool", "`flatten` not a bool", "SelectAdaptivePool(flatten=1)",
        "TypeError", "`flatten` must be a bool; got 1."),
     _r(_A, ADAPTIVE, "a spatial dim of size 0", "{M}(2)(x(1, 0, 4, 1))", "ValueError",
-       "{M}: adaptive pooling needs non-empty spatial dims; got (0, 4)."),
+       "{M}: `inputs` " + _empty(1)),
+    _r(_A, "AdaptiveMaxPool", "a plane past int32 indices",
+       "jax.eval_shape(AdaptiveMaxPool(2), spec(1, 65536, 65536, 1))", "ValueError",
+       f"AdaptiveMaxPool: {_BIG} The max keeps one (for its gradient too)."),
+    _r(_A, "SelectAdaptivePool", "a plane past int32 indices (a max `pool_type`)",
+       "jax.eval_shape(SelectAdaptivePool(pool_type='avgmax'), spec(1, 65536, 65536, 1))",
+       "ValueError", f"SelectAdaptivePool: {_BIG} The max keeps one (for its gradient too)."),
     _r(_A, ADAPTIVE, "`inputs` of the wrong rank", "{M}(2)(x(6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
        "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)."),
@@ -337,6 +368,9 @@ ROWS = (
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
             "CBAM"), "`num_spatial_dims` not 1, 2 or 3", "{M}(8, num_spatial_dims=4, rngs=rngs)",
        "ValueError", "`num_spatial_dims` must be 1, 2 or 3; got 4."),
+    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
+            "CBAM"), "a spatial dim of size 0", "{M}(8, rngs=rngs)(x(1, 0, 4, 8))", "ValueError",
+       "{M}: `inputs` " + _empty(8)),
     _r(_T, "EfficientChannelAttention", "neither `in_features` nor `kernel_size`",
        "EfficientChannelAttention(rngs=rngs)", "ValueError",
        "EfficientChannelAttention needs `in_features` or `kernel_size`; got neither."),
@@ -412,10 +446,11 @@ ROWS = (
 
 
 def namespace() -> dict:
-  """What a row's call may use: the public modules, jnp, np, nnx and input helpers."""
+  """What a row's call may use: the public modules, jax, jnp, np, nnx and input helpers."""
   names = {n: getattr(nnx_pool, n) for n in nnx_pool.__all__}
   return {
-      **names, "jnp": jnp, "np": np, "nnx": nnx, "rngs": nnx.Rngs(0),
+      **names, "jax": jax, "jnp": jnp, "np": np, "nnx": nnx, "rngs": nnx.Rngs(0),
+      "spec": lambda *shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype),
       "x": lambda *shape, dtype=jnp.float32: jnp.zeros(shape, dtype),
       "idx": lambda *shape: jnp.zeros(shape, jnp.int32),
   }

@@ -16,8 +16,8 @@
   accumulation of low-precision averages, and float64 under ``jax_enable_x64``
   (run in a subprocess: this file doubles as the script, see the bottom).
 
-Known gaps are ``xfail(strict=True)`` tests whose reason names the library
-change they need.
+A gap found here is kept as an ``xfail(strict=True)`` test whose reason names
+the library change it needs, until that change lands.
 """
 
 from __future__ import annotations
@@ -475,10 +475,6 @@ _MODULES = {
         spatial_kernel_size=[3, 1], activation=[nnx.relu], gate=_GATE_FN, use_bias=[False, True],
         num_spatial_dims=_NSD)),
 }
-# Empty dims break these today: see test_whole_map_reductions_refuse_empty_spatial_dims and
-# test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape (xfail).
-_NO_EMPTY_DIMS = ("GlobalAvgPool", "GlobalMaxPool", "AdaptiveMaxPool", "SelectAdaptivePool",
-                  "MaxUnpool", "CBAM")
 _GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM")
 _POOLS = tuple(sorted(set(_MODULES) - set(_GATES)))
 
@@ -529,8 +525,6 @@ def _fuzz(name, data):
     else:
       kwargs[arg] = data.draw(st.sampled_from(valid), label=arg)
   x = data.draw(_input_arrays(), label="inputs")
-  if name in _NO_EMPTY_DIMS:
-    assume(x.size > 0)
   output_size = None
   if name == "MaxUnpool":
     output_size = data.draw(st.one_of(st.none(), _JUNK), label="output_size")
@@ -575,21 +569,11 @@ def test_window_larger_than_the_input_with_padding_or_ceil_mode_matches_mirror()
   assert raised_by_nnx_pool(info.value)
 
 
-_RESHAPE_EMPTY = (
-    "`x.reshape(n, -1, c)` with n = 0 or c = 0 raises JAX's 'ZeroDivisionError: integer "
-    "modulo by zero' (a -1 next to a zero-size dim is ambiguous). Fix: spell the plane size, "
-    "`reshape(n, math.prod(spatial), c)`, in nnx_pool/_adaptive.py (_max_and_index's "
-    "global branch and _take_plane) and nnx_pool/_unpool.py (_unpool: values and targets).")
-
-
 def _empty_params():
   params = []
   for where in ("batch", "channels"):
     for name in sorted(_MODULES):
-      marks = []
-      if name in ("GlobalMaxPool", "MaxUnpool"):
-        marks = [pytest.mark.xfail(strict=True, reason=_RESHAPE_EMPTY)]
-      params.append(pytest.param(name, where, id=f"{where}-{name}", marks=marks))
+      params.append(pytest.param(name, where, id=f"{where}-{name}"))
   return params
 
 
@@ -616,16 +600,14 @@ def test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape(name, w
   assert out.shape == expected and out.size == 0
 
 
-@pytest.mark.parametrize("make", [GlobalAvgPool, GlobalMaxPool,
-                                  lambda: CBAM(4, rngs=nnx.Rngs(0))],
-                         ids=["GlobalAvgPool", "GlobalMaxPool", "CBAM"])
-@pytest.mark.xfail(strict=True, reason=(
-    "An empty spatial dim: GlobalAvgPool returns a silent NaN mean, GlobalMaxPool and CBAM "
-    "(its _amax) fail with JAX's 'zero-size array to reduction operation max' ValueError. "
-    "Fix in nnx_pool/_adaptive.py: in GlobalAvgPool/GlobalMaxPool.__call__, call "
-    "_resolve_out_shape((1,) * self.num_spatial_dims, x.shape[1:-1], type(self).__name__) "
-    "before reducing, as the adaptive pools do; in nnx_pool/_gates.py the same check in "
-    "CBAM.__call__ (or in _Gate._prepare for every gate)."))
+@pytest.mark.parametrize("make", [
+    GlobalAvgPool, GlobalMaxPool, lambda: AdaptiveAvgPool(2),
+    lambda: SelectAdaptivePool(1, pool_type="avgmax"),
+    lambda: SqueezeExcitation(4, rngs=nnx.Rngs(0)),
+    lambda: EffectiveSqueezeExcitation(4, rngs=nnx.Rngs(0)),
+    lambda: EfficientChannelAttention(4, rngs=nnx.Rngs(0)), lambda: CBAM(4, rngs=nnx.Rngs(0)),
+], ids=["GlobalAvgPool", "GlobalMaxPool", "AdaptiveAvgPool", "SelectAdaptivePool",
+        "SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM"])
 def test_whole_map_reductions_refuse_empty_spatial_dims(make):
   with pytest.raises(ValueError, match="needs non-empty spatial dims") as info:
     jax.block_until_ready(make()(jnp.zeros((1, 0, 4, 4))))
@@ -662,35 +644,45 @@ def test_a_1024_by_1024_average_window_equals_the_global_mean():
   np.testing.assert_array_equal(jax.jit(AvgPool((1024, 1024)))(x)[0, 0, 0, 0], want)
 
 
-_INT32_OVERFLOW = (
-    "Flat indices are int32 and nothing checks that the plane fits: a plane of 2**31 cells "
-    "or more gives wrapped (negative) indices. Fix: in nnx_pool (MaxPool/MinPool "
-    "__call__ with return_indices, AdaptiveMaxPool, MaxUnpool._output_size), raise "
-    "ValueError('... the plane has {n} cells; int32 indices address at most 2**31 - 1 ...') "
-    "when prod(spatial) > 2**31 - 1, or use int64 indices when jax_enable_x64 is on "
-    "(flat_indices, _max_and_index and _unpool compute in int32 today).")
-
-
 @pytest.mark.parametrize("make", [
     lambda: MaxPool((2, 2), 2**15, return_indices=True),
     lambda: MinPool((2, 2), 2**15, return_indices=True),
     lambda: AdaptiveMaxPool((2, 2), return_indices=True),
-], ids=["MaxPool", "MinPool", "AdaptiveMaxPool"])
-@pytest.mark.xfail(strict=True, reason=_INT32_OVERFLOW)
+    GlobalMaxPool,
+    lambda: SelectAdaptivePool(1, pool_type="max"),
+], ids=["MaxPool", "MinPool", "AdaptiveMaxPool", "GlobalMaxPool", "SelectAdaptivePool"])
 def test_indices_past_int32_are_refused(make):
   # A 65536 x 65536 plane (2**32 cells); eval_shape traces it without allocating.
   big = jax.ShapeDtypeStruct((1, 2**16, 2**16, 1), jnp.float32)
-  with pytest.raises(ValueError, match="int32") as info:
+  with pytest.raises(ValueError, match=r"has 4294967296 cells, but flat indices are int32") as info:
     jax.eval_shape(make(), big)
   assert raised_by_nnx_pool(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason=_INT32_OVERFLOW)
+def test_a_window_past_int32_offsets_is_refused():
+  big = jax.ShapeDtypeStruct((1, 2**16, 2**16, 1), jnp.float32)
+  with pytest.raises(ValueError, match="window reaching 4294967296 cells") as info:
+    jax.eval_shape(MaxPool((2**16, 2**16)), big)
+  assert raised_by_nnx_pool(info.value)
+
+
+def test_a_big_plane_without_indices_is_pooled():
+  # The refusal is about the indices: values alone (and averages) trace at 2**32 cells.
+  big = jax.ShapeDtypeStruct((1, 2**16, 2**16, 1), jnp.float32)
+  assert jax.eval_shape(MaxPool((2, 2), 2**15), big).shape == (1, 2, 2, 1)
+  assert jax.eval_shape(GlobalAvgPool(), big).shape == (1, 1)
+  assert jax.eval_shape(AdaptiveAvgPool(2), big).shape == (1, 2, 2, 1)
+
+
 def test_unpool_output_past_int32_is_refused():
   values = jax.ShapeDtypeStruct((1, 2, 2, 1), jnp.float32)
   indices = jax.ShapeDtypeStruct((1, 2, 2, 1), jnp.int32)
-  with pytest.raises(ValueError, match="int32") as info:
-    jax.eval_shape(lambda v, i: MaxUnpool((2, 2), 2**15)(v, i), values, indices)
+  # Stride 2**15: (2 - 1) * 32768 + 2 = 32770 per dim, 1073872900 cells, which int32 addresses.
+  unpooled = jax.eval_shape(lambda v, i: MaxUnpool((2, 2), 2**15)(v, i), values, indices)
+  assert unpooled.shape == (1, 32770, 32770, 1)
+  # Stride 2**16: 65538 per dim, 4295229444 cells.
+  with pytest.raises(ValueError, match=r"spatial shape \(65538, 65538\) has 4295229444 cells") as info:
+    jax.eval_shape(lambda v, i: MaxUnpool((2, 2), 2**16)(v, i), values, indices)
   assert raised_by_nnx_pool(info.value)
 
 
@@ -961,10 +953,10 @@ def test_float64_under_x64_indices_stay_int32_and_gates_follow_their_params(x64_
   assert x64_report["results"]["gate_dtype"] == "float64"
 
 
-@pytest.mark.xfail(strict=True, reason=_INT32_OVERFLOW)
-def test_float64_under_x64_big_planes_get_int64_indices_or_are_refused(x64_report):
+def test_float64_under_x64_big_planes_are_refused_too(x64_report):
+  # Stated in docs/limits.md: indices stay int32 under x64, so big planes are refused.
   decision = x64_report["results"]["big_plane_indices"]
-  assert decision == "int64" or decision.startswith("ValueError")
+  assert decision.startswith("ValueError: MaxPool: a plane of spatial shape (65536, 65536)")
 
 
 if __name__ == "__main__":

@@ -59,34 +59,16 @@ SPATIAL = (
     "GlobalAvgPool", "GlobalMaxPool", "SelectAdaptivePool", "SqueezeExcitation",
     "EffectiveSqueezeExcitation", "EfficientChannelAttention",
 )
-# On the Auto mesh: the modules that fail on an Explicit one today, and one of each family.
+# On the Auto mesh too: MaxUnpool (once Explicit-only broken) and one of each family.
 AUTO = ("AvgPool", "MaxPool", "MaxUnpool", "AdaptiveMaxPool", "SqueezeExcitation", "CBAM")
 AUTO_SPATIAL = ("GlobalMaxPool", "SelectAdaptivePool", "SqueezeExcitation")
 GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention")
 BATCH_COUPLED = ("CBAM",)  # BatchNorm in training mode: batch statistics are an all-reduce
 DATA, GRID = "P('data',)", "P('data', 'space')"
 
-_UNPOOL_EXPLICIT = (
-    "MaxUnpool under an Explicit mesh: _unpool vmaps over `order = jnp.broadcast_to(arange)`, "
-    "which is unsharded, next to batch-sharded `targets`, and vmap refuses mismatched axis "
-    "specs ('Mapped away dimension ... data vs None'). Fix in nnx_pool/_unpool.py: build the "
-    "ranks inside the vmapped function (`rank = jnp.arange(target.shape[-1], dtype=jnp.int32)`) "
-    "and vmap over `targets` only."
-)
-_TAKE_PLANE_EXPLICIT = (
-    "The gradient of a global max with H sharded under an Explicit mesh (the forward pass "
-    "works): the custom JVP's _adaptive._take_plane gathers (jnp.take_along_axis) along the "
-    "flattened, spatially sharded plane, whose output sharding is ambiguous "
-    "(ShardingTypeError). Fix in nnx_pool/_adaptive.py: pick the cell "
-    "with a one-hot mask and a sum over the plane (an all-reduce), e.g. "
-    "`jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, t.shape, 1) == index, t, 0), axis=1, "
-    "keepdims=True)`, or gather with `t.at[...].get(out_sharding=...)`."
-)
-XFAIL = {
-    ("MaxUnpool", "Explicit", DATA): _UNPOOL_EXPLICIT,
-    ("GlobalMaxPool", "Explicit", GRID): _TAKE_PLANE_EXPLICIT,
-    ("SelectAdaptivePool", "Explicit", GRID): _TAKE_PLANE_EXPLICIT,
-}
+# A configuration that fails today would be listed here with the library change it needs,
+# and run as a strict xfail: {(module, axis type, spec): reason}.
+XFAIL: dict[tuple[str, str, str], str] = {}
 
 
 def _params(names, spec):
