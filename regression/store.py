@@ -21,6 +21,8 @@ the parent directory (``flock``; no lock file is left behind) from the
 overwrite check to the swap, so a second ``record`` without ``--force`` sees
 the first one's baseline and refuses, and with ``--force`` replaces it whole.
 A baseline of a newer format version is never replaced (:func:`check_writable`).
+A reader opens both files through one directory descriptor, so a read that
+overlaps a ``record --force`` sees the old recording or the new one, whole.
 
 Every problem found while loading raises :class:`BaselineError` with a
 one-line reason; nothing here imports JAX.
@@ -68,6 +70,8 @@ _NATIVE = frozenset({
 })
 # How long a writer waits for another one writing into the same directory.
 LOCK_TIMEOUT_S = 120.0
+# How often a reader starts again when a writer swaps the baseline mid-read.
+_READ_ATTEMPTS = 10
 _KEY = re.compile(r"^[A-Za-z0-9_.\-\[\]/:=,()']+$")
 
 
@@ -403,8 +407,51 @@ def _fail(path: Path, reason: str) -> BaselineError:
   return BaselineError(f"baseline {path}: {reason}")
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-  file = path / MANIFEST
+class _Swapped(Exception):
+  """The baseline directory was replaced by a writer while it was being opened."""
+
+
+@contextlib.contextmanager
+def _open_pair(path: Path) -> Iterator[tuple[Any, Any]]:
+  """Opens the manifest and the arrays of *one* recording of ``path``.
+
+  Writers never change a baseline directory in place; they swap in a whole new
+  one. Opening both files relative to one directory descriptor therefore pairs
+  a manifest with its own arrays, even while a ``record --force`` runs. A file
+  that vanishes because that directory was just swapped out and removed raises
+  :class:`_Swapped`, and the caller reads again.
+  """
+  _check_present(path)
+  try:
+    dfd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+  except FileNotFoundError:
+    raise _Swapped from None
+  except NotADirectoryError:
+    raise _fail(path, "is a file, not a baseline directory.") from None
+  try:
+    files = []
+    try:
+      for name in (MANIFEST, ARRAYS):
+        try:
+          files.append(os.fdopen(os.open(name, os.O_RDONLY, dir_fd=dfd), "rb"))
+        except FileNotFoundError:
+          try:
+            swapped = os.stat(path).st_ino != os.fstat(dfd).st_ino
+          except FileNotFoundError:
+            swapped = True
+          if swapped:
+            raise _Swapped from None
+          hint = f"; record one with `record --out {path} --force`" if name == MANIFEST else ""
+          raise _fail(path, f"{name} is missing{hint}.") from None
+      yield files[0], files[1]
+    finally:
+      for f in files:
+        f.close()
+  finally:
+    os.close(dfd)
+
+
+def _check_present(path: Path) -> None:
   if not path.exists():
     hint = ""
     olds = []
@@ -413,10 +460,11 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     if olds:
       hint = f" (an interrupted record left the previous one at {olds[-1]})"
     raise _fail(path, f"no such directory{hint}; record one with `record --out {path}`.")
-  if not file.is_file():
-    raise _fail(path, f"{MANIFEST} is missing; record one with `record --out {path} --force`.")
+
+
+def _read_manifest(path: Path, file) -> dict[str, Any]:
   try:
-    manifest = json.loads(file.read_text(encoding="utf-8"))
+    manifest = json.loads(file.read().decode("utf-8"))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise _fail(path, f"{MANIFEST} is not valid JSON ({e}).") from None
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -444,13 +492,10 @@ def _read_manifest(path: Path) -> dict[str, Any]:
   return manifest
 
 
-def _load_npz(path: Path, table: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  file = path / ARRAYS
-  if not file.is_file():
-    raise _fail(path, f"{ARRAYS} is missing.")
+def _load_npz(path: Path, table: Mapping[str, Any], file) -> dict[str, np.ndarray]:
   raw: dict[str, np.ndarray] = {}
   try:
-    with open(file, "rb") as f, np.load(f, allow_pickle=False) as npz:
+    with np.load(file, allow_pickle=False) as npz:
       for key in npz.files:
         raw[key] = npz[key]
   except ValueError as e:
@@ -512,8 +557,16 @@ def read_baseline(path: str | os.PathLike) -> Baseline:
       format; the message is one line.
   """
   path = Path(path)
-  manifest = _read_manifest(path)
-  table = manifest["arrays"]
-  raw = _load_npz(path, table)
+  for _ in range(_READ_ATTEMPTS):
+    try:
+      with _open_pair(path) as (manifest_file, arrays_file):
+        manifest = _read_manifest(path, manifest_file)
+        table = manifest["arrays"]
+        raw = _load_npz(path, table, arrays_file)
+      break
+    except _Swapped:
+      continue
+  else:
+    raise _fail(path, f"it was replaced {_READ_ATTEMPTS} times while being read; try again.")
   arrays = {key: decode(key, raw[key], table[key], path) for key in sorted(table)}
   return Baseline(path=path, manifest=manifest, arrays=arrays)

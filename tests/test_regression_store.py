@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -183,6 +184,35 @@ def test_store_write_that_fails_midway_keeps_the_old_baseline(tmp_path, monkeypa
   assert after.manifest["kind"] == "test"
   assert all(_bits(after.arrays[k]) == _bits(before[k]) for k in before)
   assert [p.name for p in tmp_path.iterdir()] == ["base"]  # the temp dir was removed
+
+
+def test_store_reads_during_forced_records_pair_each_manifest_with_its_arrays(tmp_path):
+  # A writer replaces the baseline in a loop, alternating two recordings; every read
+  # must see one whole recording (its manifest's "kind" matches its array), never a
+  # manifest of one and arrays of the other (a digest mismatch) or a missing file.
+  out = tmp_path / "base"
+  versions = {k: np.full(50_000, k, np.float32) for k in (1.0, 2.0)}
+  write_baseline(out, {"kind": 1.0}, {"a": versions[1.0]})
+  stop = threading.Event()
+
+  def writer():
+    while not stop.is_set():
+      for kind, array in versions.items():
+        write_baseline(out, {"kind": kind}, {"a": array}, force=True)
+
+  thread = threading.Thread(target=writer)
+  thread.start()
+  try:
+    seen = set()
+    for _ in range(300):
+      baseline = read_baseline(out)
+      kind = baseline.manifest["kind"]
+      np.testing.assert_array_equal(baseline.arrays["a"], versions[kind])
+      seen.add(kind)
+  finally:
+    stop.set()
+    thread.join()
+  assert seen == {1.0, 2.0}  # the reads did overlap the writes
 
 
 def test_store_swap_without_atomic_exchange_still_replaces(tmp_path, monkeypatch):
