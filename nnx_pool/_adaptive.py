@@ -587,5 +587,5 @@ class SelectAdaptivePool(_Pool):
     else:
       y = jnp.concatenate([adaptive_avg(x, out_shape), adaptive_max(x, out_shape)], axis=-1)
     if self.flatten:
-      y = y.reshape(y.shape[0], -1)
+      y = y.reshape(y.shape[0], math.prod(y.shape[1:]))  # not -1: N may be 0
     return y if batched else y[0]

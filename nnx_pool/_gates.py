@@ -431,6 +431,8 @@ class EfficientChannelAttention(_Gate):
     if in_features is not None:
       in_features = check_positive_int(in_features, "in_features")
     self.in_features = in_features
+    gamma = check_number(gamma, "gamma", positive=True)  # checked even when kernel_size
+    beta = check_number(beta, "beta")  # is given, which makes them unused
     if kernel_size is None:
       kernel_size = eca_kernel_size(self.in_features, gamma, beta)
     kernel_size = check_positive_int(kernel_size, "kernel_size")

@@ -31,8 +31,10 @@ import numpy as np
 
 from nnx_pool._args import check_bool, is_int
 
-# The largest window, stride or dilation entry: sizes are int64 in XLA and PyTorch.
+# The largest window, stride, dilation or padding entry: sizes are int64 in XLA and PyTorch.
 MAX_SIZE = 2**63 - 1
+# The longest padded spatial dim: coordinates inside the kernels are int32.
+MAX_COORDINATE = 2**31 - 1
 
 PaddingLike = Union[str, int, Sequence[int], Sequence[tuple[int, int]]]
 # A resolved padding spec: "VALID", "SAME", or one (low, high) pair per dim.
@@ -112,6 +114,8 @@ def parse_padding(padding: PaddingLike, ndim: int) -> PaddingSpec:
     raise TypeError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
   if any(v < 0 for pair in pairs for v in pair):
     raise ValueError(f"`padding` must be non-negative; got {padding!r}.")
+  if any(v > MAX_SIZE for pair in pairs for v in pair):
+    raise ValueError(f"`padding` entries must be at most 2**63 - 1 (int64); got {padding!r}.")
   return pairs
 
 
@@ -305,6 +309,11 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
       lo, hi = total // 2, total - total // 2
     else:
       lo, hi = window.padding[axis]
+    if length + lo + hi > MAX_COORDINATE:
+      raise ValueError(
+          f"Spatial dim {axis} of length {length} with padding ({lo}, {hi}) is {length + lo + hi} "
+          f"cells long padded; the kernels' int32 coordinates address at most 2**31 - 1."
+      )
     out = _out_size(length, k, s, d, lo, hi, window.ceil_mode)
     if out < 1:
       raise ValueError(
@@ -316,9 +325,8 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
     # overhang, which holds the identity and counts in no divisor. Keeping the
     # taps that reach it and (with one window) a unit stride bounds every
     # number below by the padded input, whatever the window or stride asked.
-    k = min(k, (length + lo + hi - 1) // d + 1)
-    s = 1 if out == 1 else s
-    dim = DimGeometry(length, k, s, d, lo, hi, out)
+    dim = DimGeometry(length, min(k, (length + lo + hi - 1) // d + 1), 1 if out == 1 else s,
+                      d, lo, hi, out)
     if not dim.real_count().all():
       empty = int(np.argmin(dim.real_count()))
       raise ValueError(

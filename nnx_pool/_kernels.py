@@ -253,8 +253,12 @@ def _window_sum_jvp(geom, primals, tangents):
 
 
 def _is_identity(d: DimGeometry) -> bool:
-  """Whether a dim's window leaves it unchanged (one tap, unit stride, so no padding)."""
-  return d.window == 1 and d.stride == 1
+  """Whether a dim's window leaves it unchanged: one tap, unit stride, every position kept.
+
+  (A single window over a longer dim also has one tap and unit stride, see
+  :class:`DimGeometry`, but keeps one position.)
+  """
+  return d.window == 1 and d.stride == 1 and d.out == d.length
 
 
 def _stage(geom: Geometry, axis: int, spatial: tuple[int, ...]) -> Geometry:

@@ -42,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import zipfile
@@ -408,7 +409,26 @@ def _fail(path: Path, reason: str) -> BaselineError:
 
 
 class _Swapped(Exception):
-  """The baseline directory was replaced by a writer while it was being opened."""
+  """The baseline directory was being replaced by a writer while it was being opened."""
+
+
+def _old_copies(path: Path) -> list[Path]:
+  """Previous baselines parked by the two-rename swap (see :func:`_swap_in`), oldest first."""
+  if not path.parent.exists():
+    return []
+  return sorted(path.parent.glob(f".{glob.escape(path.name)}.old-*"))
+
+
+def _open_file(dfd: int, name: str, path: Path):
+  """Opens regular file ``name`` of the directory ``dfd`` for reading, never blocking."""
+  fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=dfd)  # a FIFO must not hang us
+  try:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      raise _fail(path, f"{name} is not a regular file.")
+    return os.fdopen(fd, "rb")
+  except BaseException:
+    os.close(fd)
+    raise
 
 
 @contextlib.contextmanager
@@ -417,48 +437,45 @@ def _open_pair(path: Path) -> Iterator[tuple[Any, Any]]:
 
   Writers never change a baseline directory in place; they swap in a whole new
   one. Opening both files relative to one directory descriptor therefore pairs
-  a manifest with its own arrays, even while a ``record --force`` runs. A file
-  that vanishes because that directory was just swapped out and removed raises
-  :class:`_Swapped`, and the caller reads again.
+  a manifest with its own arrays, even while a ``record --force`` runs. Raises
+  :class:`_Swapped` when the directory is missing or loses a file mid-swap, and
+  the caller reads again.
   """
-  _check_present(path)
+  if not path.exists():
+    if _old_copies(path):
+      raise _Swapped  # between the two renames of a swap, or a record killed there
+    _check_present(path)  # (checks again: a swap may have just finished)
   try:
     dfd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
   except FileNotFoundError:
     raise _Swapped from None
   except NotADirectoryError:
     raise _fail(path, "is a file, not a baseline directory.") from None
+  files = []
   try:
-    files = []
-    try:
-      for name in (MANIFEST, ARRAYS):
+    for name in (MANIFEST, ARRAYS):
+      try:
+        files.append(_open_file(dfd, name, path))
+      except FileNotFoundError:
         try:
-          files.append(os.fdopen(os.open(name, os.O_RDONLY, dir_fd=dfd), "rb"))
+          swapped = os.stat(path).st_ino != os.fstat(dfd).st_ino
         except FileNotFoundError:
-          try:
-            swapped = os.stat(path).st_ino != os.fstat(dfd).st_ino
-          except FileNotFoundError:
-            swapped = True
-          if swapped:
-            raise _Swapped from None
-          hint = f"; record one with `record --out {path} --force`" if name == MANIFEST else ""
-          raise _fail(path, f"{name} is missing{hint}.") from None
-      yield files[0], files[1]
-    finally:
-      for f in files:
-        f.close()
+          swapped = True
+        if swapped:
+          raise _Swapped from None
+        hint = f"; record one with `record --out {path} --force`" if name == MANIFEST else ""
+        raise _fail(path, f"{name} is missing{hint}.") from None
+    yield files[0], files[1]
   finally:
+    for f in files:
+      f.close()
     os.close(dfd)
 
 
 def _check_present(path: Path) -> None:
   if not path.exists():
-    hint = ""
-    olds = []
-    if path.parent.exists():
-      olds = sorted(path.parent.glob(f".{glob.escape(path.name)}.old-*"))
-    if olds:
-      hint = f" (an interrupted record left the previous one at {olds[-1]})"
+    olds = _old_copies(path)
+    hint = f" (an interrupted record left the previous one at {olds[-1]})" if olds else ""
     raise _fail(path, f"no such directory{hint}; record one with `record --out {path}`.")
 
 
@@ -557,7 +574,7 @@ def read_baseline(path: str | os.PathLike) -> Baseline:
       format; the message is one line.
   """
   path = Path(path)
-  for _ in range(_READ_ATTEMPTS):
+  for attempt in range(_READ_ATTEMPTS):
     try:
       with _open_pair(path) as (manifest_file, arrays_file):
         manifest = _read_manifest(path, manifest_file)
@@ -565,8 +582,9 @@ def read_baseline(path: str | os.PathLike) -> Baseline:
         raw = _load_npz(path, table, arrays_file)
       break
     except _Swapped:
-      continue
+      time.sleep(0.002 * 2**attempt)  # about 2 s in all
   else:
+    _check_present(path)  # missing all along: says where a killed record left the old one
     raise _fail(path, f"it was replaced {_READ_ATTEMPTS} times while being read; try again.")
   arrays = {key: decode(key, raw[key], table[key], path) for key in sorted(table)}
   return Baseline(path=path, manifest=manifest, arrays=arrays)

@@ -160,6 +160,12 @@ ROWS = (
        "`norm_type` must be a positive finite number; got nan."),
     _r(_W, "LPPool", "`norm_type` too large for a float", "LPPool(10**400, 2)", "ValueError",
        f"`norm_type` must be a positive finite number; got {10**400!r}."),
+    _r(_W, WINDOW, "`padding` past int64", "{M}(2**62, padding=2**63)", "ValueError",
+       f"`padding` entries must be at most 2**63 - 1 (int64); got {2**63}."),
+    _r(_W, WINDOW, "a padded dim past int32", "{M}(2**40, padding=2**39)(x(1, 4, 1))",
+       "ValueError", f"Spatial dim 0 of length 4 with padding ({2**39}, {2**39}) is "
+       f"{4 + 2**40} cells long padded; the kernels' int32 coordinates address at most "
+       "2**31 - 1."),
     _r(_W, "AvgPool", "`divisor_override` past int64", "AvgPool((2, 2), divisor_override=2**63)",
        "ValueError", f"`divisor_override` must be at most 2**63 - 1 (int64); got {2**63}."),
     _r(_W, ALL_WINDOW, "`window_shape` past int64", "{M}((2, 2**63))", "ValueError",
@@ -386,6 +392,9 @@ ROWS = (
     _r(_T, "EfficientChannelAttention", "`gamma` a string",
        "EfficientChannelAttention(8, gamma='2', rngs=rngs)", "TypeError",
        "`gamma` must be a positive finite number; got '2'."),
+    _r(_T, "EfficientChannelAttention", "`gamma` bad, even with `kernel_size` given",
+       "EfficientChannelAttention(8, 3, gamma=-1.0, rngs=rngs)", "ValueError",
+       "`gamma` must be a positive finite number; got -1.0."),
     _r(_T, "EfficientChannelAttention", "`beta` not finite",
        "EfficientChannelAttention(8, beta=float('nan'), rngs=rngs)", "ValueError",
        "`beta` must be a finite number; got nan."),

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from jax.test_util import check_grads
 
-from nnx_pool import AvgPool, LPPool, MaxPool, MinPool
+from nnx_pool import AvgPool, LPPool, MaxPool, MinPool, reference
 
 # seed 003: the 4x4 max-pool grid.
 GRID = np.array(
@@ -208,6 +208,41 @@ def test_pool_3d():
   values, indices = MaxPool((2, 2, 2), return_indices=True)(x)
   assert values.shape == indices.shape == (1, 1, 1, 1, 1)
   assert float(values.reshape(())) == 7.0 and int(indices.reshape(())) == 7
+
+
+# Windows over 64 taps run one spatial dim at a time. A dim with a single window keeps
+# one position even when its window is one tap at unit stride (here dim 0), so that
+# stage must run: each config below once gave the dim's full length back.
+_ONE_WINDOW_DIMS = [
+    # (input shape, window, strides, padding, dilation, ceil_mode)
+    ((1, 2, 9, 9, 2), (1, 9, 9), (2, 1, 1), "VALID", (1, 1, 1), False),
+    ((2, 3, 70, 1), (1, 70), (5, 70), "VALID", (1, 1), False),
+    ((1, 2, 70, 3), (2, 70), (2, 70), "VALID", (2, 1), True),
+    ((1, 5, 33, 2), (3, 33), (4, 1), ((1, 1), (0, 0)), (1, 1), True),
+]
+
+
+@pytest.mark.parametrize(("shape", "window", "strides", "padding", "dilation", "ceil_mode"),
+                         _ONE_WINDOW_DIMS)
+def test_separable_pools_keep_one_position_for_a_single_window_dim(
+    shape, window, strides, padding, dilation, ceil_mode):
+  x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+  g = np.random.default_rng(8).standard_normal  # cotangent, drawn at the output's shape
+  want, want_idx = reference.max_pool(x, window, strides, padding, dilation=dilation,
+                                      ceil_mode=ceil_mode)
+  pool = MaxPool(window, strides, padding, dilation=dilation, ceil_mode=ceil_mode,
+                 return_indices=True)
+  got, idx = pool(x)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(idx, want_idx)
+  ct = g(want.shape).astype(np.float32)
+  grad = jax.grad(lambda v: jnp.sum(pool(v)[0] * ct))(jnp.asarray(x))
+  np.testing.assert_array_equal(grad, reference.max_pool_grad(
+      x, ct, window, strides, padding, dilation=dilation, ceil_mode=ceil_mode))
+  if dilation == (1,) * len(window):
+    got = AvgPool(window, strides, padding, ceil_mode=ceil_mode)(x)
+    np.testing.assert_allclose(got, reference.avg_pool(x, window, strides, padding,
+                                                       ceil_mode=ceil_mode), rtol=1e-6)
 
 
 # --- batching, jit, vmap and dtypes ----------------------------------------------------

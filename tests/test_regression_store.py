@@ -186,10 +186,15 @@ def test_store_write_that_fails_midway_keeps_the_old_baseline(tmp_path, monkeypa
   assert [p.name for p in tmp_path.iterdir()] == ["base"]  # the temp dir was removed
 
 
-def test_store_reads_during_forced_records_pair_each_manifest_with_its_arrays(tmp_path):
+@pytest.mark.parametrize("exchange", [True, False], ids=["rename-exchange", "two-renames"])
+def test_store_reads_during_forced_records_pair_each_manifest_with_its_arrays(
+    tmp_path, monkeypatch, exchange):
   # A writer replaces the baseline in a loop, alternating two recordings; every read
   # must see one whole recording (its manifest's "kind" matches its array), never a
-  # manifest of one and arrays of the other (a digest mismatch) or a missing file.
+  # manifest of one and arrays of the other (a digest mismatch) or a missing file,
+  # also where the OS has no atomic exchange and the swap is two renames.
+  if not exchange:
+    monkeypatch.setattr(store, "_rename_exchange", lambda a, b: False)
   out = tmp_path / "base"
   versions = {k: np.full(50_000, k, np.float32) for k in (1.0, 2.0)}
   write_baseline(out, {"kind": 1.0}, {"a": versions[1.0]})
@@ -213,6 +218,22 @@ def test_store_reads_during_forced_records_pair_each_manifest_with_its_arrays(tm
     stop.set()
     thread.join()
   assert seen == {1.0, 2.0}  # the reads did overlap the writes
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "arrays.npz"])
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_store_a_file_that_is_not_a_regular_file_is_refused_without_hanging(
+    tmp_path, name, kind):
+  out = _baseline(tmp_path)
+  (out / name).unlink()
+  if kind == "directory":
+    (out / name).mkdir()
+  else:
+    os.mkfifo(out / name)  # a reader that opened it blocking would wait for a writer
+  fds = len(os.listdir("/proc/self/fd"))
+  with pytest.raises(BaselineError, match=f"{name} is not a regular file"):
+    read_baseline(out)
+  assert len(os.listdir("/proc/self/fd")) == fds  # nothing left open
 
 
 def test_store_swap_without_atomic_exchange_still_replaces(tmp_path, monkeypatch):

@@ -600,6 +600,13 @@ def test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape(name, w
   assert out.shape == expected and out.size == 0
 
 
+@pytest.mark.parametrize("pool_type", ["avg", "max", "avgmax", "catavgmax"])
+def test_an_empty_batch_flattens_to_an_empty_matrix(pool_type):
+  pool = SelectAdaptivePool(2, pool_type=pool_type, flatten=True)
+  width = 2 * 2 * 3 * pool.feat_mult()  # hand: (2, 2) bins of 3 channels, flattened
+  assert pool(jnp.zeros((0, 4, 4, 3))).shape == (0, width)
+
+
 @pytest.mark.parametrize("make", [
     GlobalAvgPool, GlobalMaxPool, lambda: AdaptiveAvgPool(2),
     lambda: SelectAdaptivePool(1, pool_type="avgmax"),
