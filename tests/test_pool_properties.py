@@ -110,11 +110,20 @@ def _padding_spelling(draw, mode, pairs):
 
 
 @st.composite
-def configs(draw, kind, *, max_size=None, beyond_half=False):
-  """A window configuration; with ``beyond_half`` the padding may exceed our limit."""
+def configs(draw, kind, *, max_size=None, beyond_half=False, separable=False):
+  """A window configuration; with ``beyond_half`` the padding may exceed our limit.
+
+  With ``separable`` the window has over 64 taps (one long dim), which the
+  modules pool one spatial dim at a time (``_kernels.UNROLL_LIMIT``).
+  """
   ndim = draw(st.integers(1, 3))
   max_window = {1: 4, 2: 3, 3: 2}[ndim]
   window = tuple(draw(st.integers(1, max_window)) for _ in range(ndim))
+  if separable:
+    axis = draw(st.integers(0, ndim - 1))
+    others = math.prod(window) // window[axis]
+    long = draw(st.integers(64 // others + 1, 64 // others + 6))
+    window = (*window[:axis], long, *window[axis + 1:])
   strides = tuple(draw(st.integers(1, 3)) for _ in range(ndim))
   dilation = (1,) * ndim
   if kind in ("max", "min") and draw(st.booleans()):
@@ -302,6 +311,49 @@ def test_lppool_matches_mirror(cfg):
   x = _input(cfg, positive=True)
   # NumPy mirror: (avg_pool(x**p) * prod(window)) ** (1/p), as PyTorch computes it.
   want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides, ceil_mode=cfg.ceil_mode)
+  got = _apply(cfg.module(), cfg, x)
+  assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
+  np.testing.assert_allclose(got, want, **_AVG_TOL)
+
+
+@settings(max_examples=20, **_SETTINGS)
+@given(cfg=st.one_of(configs("max", separable=True), configs("min", separable=True)))
+def test_separable_maxpool_minpool_match_mirror(cfg):
+  cfg = dataclasses.replace(cfg, dtype="float32")
+  out_shape = _predicted_out_shape(cfg)
+  assume(out_shape is not None)
+  x = _input(cfg)
+  mirror = reference.max_pool if cfg.kind == "max" else reference.min_pool
+  want_values, want_indices = mirror(
+      x, cfg.window, cfg.strides, cfg.mirror_padding, dilation=cfg.dilation,
+      ceil_mode=cfg.ceil_mode,
+  )
+  module = cfg.module(return_indices=True)
+  (values, indices), vjp = jax.vjp(lambda v: _apply(module, cfg, v), jnp.asarray(x))
+  assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
+  np.testing.assert_array_equal(values, want_values)
+  np.testing.assert_array_equal(indices, want_indices)
+  g = (np.random.default_rng(cfg.seed + 1).integers(-8, 9, values.shape) / 4).astype(np.float32)
+  (grad,) = vjp((jnp.asarray(g), np.zeros(indices.shape, jax.dtypes.float0)))
+  np.testing.assert_array_equal(grad, reference.max_pool_grad(
+      x, g, cfg.window, cfg.strides, cfg.mirror_padding, dilation=cfg.dilation,
+      ceil_mode=cfg.ceil_mode, kind=cfg.kind))
+
+
+@settings(max_examples=15, **_SETTINGS)
+@given(cfg=st.one_of(configs("avg", separable=True), configs("lp", separable=True)))
+def test_separable_avgpool_lppool_match_mirror(cfg):
+  out_shape = _predicted_out_shape(cfg)
+  assume(out_shape is not None)
+  x = _input(cfg, positive=cfg.kind == "lp")
+  with np.errstate(invalid="ignore"):
+    if cfg.kind == "avg":
+      want = reference.avg_pool(
+          x, cfg.window, cfg.strides, cfg.mirror_padding, ceil_mode=cfg.ceil_mode,
+          count_include_pad=cfg.count_include_pad, divisor_override=cfg.divisor_override)
+    else:
+      want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides,
+                               ceil_mode=cfg.ceil_mode)
   got = _apply(cfg.module(), cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_allclose(got, want, **_AVG_TOL)
