@@ -11,8 +11,8 @@ of ``sum(y ** 2)`` with respect to the input) for three implementations:
 
 Compile time (``lower`` + ``compile``) is measured once and reported apart.
 Steady-state times are medians over rounds that run the three implementations
-in turn, after warmup, with ``block_until_ready``, so load on a shared machine
-hits them alike. The memory floor is the bytes a pass must read and write at
+of one pass in turn (the order rotating from round to round), after warmup,
+with ``block_until_ready``, so load on a shared machine hits them alike. The memory floor is the bytes a pass must read and write at
 least, over the copy bandwidth measured in the same process.
 
 Run ``python -m benchmarks`` (``--help`` for options).
@@ -120,17 +120,23 @@ def run_case(case: Case, rounds: int, warmup: int, bandwidth: float) -> dict:
   for timer in forward + backward:
     for _ in range(warmup):
       timer.run()
-  # Rounds visit every implementation in turn, so load drift hits all alike. Within
-  # a visit, one untimed call first: switching between runtimes leaves the other's
-  # thread pool spinning or asleep, and PyTorch pays about 6 ms to wake its OpenMP
-  # threads after a JAX call here; only the calls after that are timed.
-  for _ in range(rounds):
-    for timer in forward + backward:
-      timer.run()
-      for _ in range(_CALLS_PER_VISIT):
-        start = time.perf_counter()
+  # Each pass is timed on its own, in rounds that visit its implementations in turn,
+  # so load drift hits all alike. The order rotates from round to round: whatever
+  # runs first after the previous pass (or round) pays for it, and with a fixed order
+  # it was always the same one (measured: a 0.75 ms forward took 1.8 ms right after
+  # a 70 ms backward, for ours and Flax alike). Within a visit, one untimed call
+  # first: switching between runtimes leaves the other's thread pool spinning or
+  # asleep, and PyTorch pays about 6 ms to wake its OpenMP threads after a JAX call
+  # here; only the calls after that are timed.
+  for timers in (forward, backward):
+    for round_ in range(rounds):
+      shift = round_ % len(timers)
+      for timer in timers[shift:] + timers[:shift]:
         timer.run()
-        timer.samples.append(time.perf_counter() - start)
+        for _ in range(_CALLS_PER_VISIT):
+          start = time.perf_counter()
+          timer.run()
+          timer.samples.append(time.perf_counter() - start)
   out_shape = jax.eval_shape(ours, x).shape
   in_bytes, out_bytes = x.size * 4, int(np.prod(out_shape)) * 4
   floors = {

@@ -315,7 +315,7 @@ def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool 
   """
   geom = None if all(t == 1 for t in out_shape) else _strided_window(x.shape[1:-1], out_shape)
   if geom is not None:
-    values, offset = select(x, geom, "max")
+    values, offset = select(x, geom, "max", return_indices)
     return (values, flat_indices(offset, geom)) if return_indices else values
   if jnp.issubdtype(x.dtype, jnp.floating):
     values, index = _max_select(x, out_shape)

@@ -1,8 +1,12 @@
 """Windowed reductions as sums and selects over strided taps, with fast adjoints.
 
-Forward: a window of ``k`` taps is unrolled into ``k`` strided slices of the
-padded input, one per window offset in row-major window order. XLA fuses the
-slices and the elementwise reduction over them into one loop.
+Forward: a window of ``k`` taps is unrolled into ``k`` strided views of the
+input, one per window offset in row-major window order, and XLA fuses them and
+the elementwise reduction over them into one loop. Each view is spelt one of
+two ways (:func:`taps`): a stride phase shifted by a small pad, which XLA CPU
+fuses when the views have one consumer (sums, a max or min without offsets),
+or a slice of one shared padded copy, when they feed both the values and the
+window offsets (a differentiated max or min, or ``return_indices``).
 
 Backward: the adjoint of "gather every tap" is "scatter every output back to
 its taps". Written naively (the transpose of a strided slice is a pad with
@@ -92,25 +96,56 @@ def identity(dtype, kind: Kind):
   return info.min if kind == "max" else info.max
 
 
-def pad(x: jax.Array, geom: Geometry, value) -> jax.Array:
-  """Pads the spatial axes of a batched channels-last ``x`` as ``geom`` requires."""
-  if not any(lo or hi for lo, hi in geom.pads):
-    return x
-  config = [(0, 0, 0)] + [(lo, hi, 0) for lo, hi in geom.pads] + [(0, 0, 0)]
-  return lax.pad(x, jnp.asarray(value, x.dtype), config)
+def _tap_phases(d: DimGeometry) -> list[tuple[int, int, int]]:
+  """Per window tap along one dim: ``(phase, low, high)``.
+
+  Tap ``j`` of output ``q`` reads input ``q * stride + j * dilation - pad_low``,
+  which is element ``q + shift`` of the stride phase ``x[phase::stride]``
+  (``shift`` and ``phase`` the floor quotient and remainder of
+  ``j * dilation - pad_low`` by the stride). The tap is that phase padded by
+  ``low = -shift`` and ``high`` cells (negative: cropped) to ``out`` cells.
+  """
+  result = []
+  for j in range(d.window):
+    shift, phase = divmod(j * d.dilation - d.pad_low, d.stride)
+    cells = -(-(d.length - phase) // d.stride)  # len(x[phase::stride])
+    result.append((phase, -shift, d.out - cells + shift))
+  return result
 
 
-def taps(xp: jax.Array, geom: Geometry) -> Iterator[jax.Array]:
-  """Yields one strided view of the padded input per window offset, in row-major order."""
-  strides = (1, *(d.stride for d in geom.dims), 1)
-  for offset in itertools.product(*(range(d.window) for d in geom.dims)):
-    start = (0, *(j * d.dilation for j, d in zip(offset, geom.dims)), 0)
-    limit = (
-        xp.shape[0],
-        *(s + (d.out - 1) * d.stride + 1 for s, d in zip(start[1:-1], geom.dims)),
-        xp.shape[-1],
-    )
-    yield lax.slice(xp, start, limit, strides)
+def taps(x: jax.Array, geom: Geometry, value, *, shared_pad: bool) -> Iterator[jax.Array]:
+  """Yields what each window tap reads, in row-major tap order, shape ``(N, *out, C)``.
+
+  Two spellings of the same arrays, ``value`` where a tap reads padding:
+
+  * ``shared_pad=False``: a stride phase of the unpadded input, shifted into
+    place by a small pad (or crop). When each tap has one consumer XLA CPU fuses
+    these pads into it, and no padded copy of the input is materialised.
+  * ``shared_pad=True``: strided slices of one padded copy of the input. When
+    the taps feed two computations (the values and the window offsets of a
+    differentiated max), XLA would materialise every shifted phase above, one
+    input-sized array per tap; one shared padded copy is then far cheaper.
+
+  Which to use where was measured (docs/benchmarks.md).
+  """
+  fill = jnp.asarray(value, x.dtype)
+  if shared_pad:
+    if any(lo or hi for lo, hi in geom.pads):
+      config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in geom.pads), (0, 0, 0)]
+      x = lax.pad(x, fill, config)
+    for offset in itertools.product(*(range(d.window) for d in geom.dims)):
+      start = (0, *(j * d.dilation for j, d in zip(offset, geom.dims)), 0)
+      limit = (x.shape[0], *(s + (d.out - 1) * d.stride + 1 for s, d in zip(start[1:-1], geom.dims)),
+               x.shape[-1])
+      yield lax.slice(x, start, limit, (1, *(d.stride for d in geom.dims), 1))
+    return
+  for combo in itertools.product(*(_tap_phases(d) for d in geom.dims)):
+    start = (0, *(phase for phase, _, _ in combo), 0)
+    phase = lax.slice(x, start, x.shape, (1, *(d.stride for d in geom.dims), 1))
+    if any(low or high for _, low, high in combo):
+      config = [(0, 0, 0), *((low, high, 0) for _, low, high in combo), (0, 0, 0)]
+      phase = lax.pad(phase, fill, config)
+    yield phase
 
 
 def offset_dtype_for(geom: Geometry) -> jnp.dtype:
@@ -124,7 +159,9 @@ def offset_dtype_for(geom: Geometry) -> jnp.dtype:
   return jnp.dtype(jnp.int8 if geom.size <= 127 else jnp.int32)
 
 
-def _arg_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
+def _arg_select(
+    x: jax.Array, geom: Geometry, kind: Kind, *, shared_pad: bool
+) -> tuple[jax.Array, jax.Array]:
   """Forward of the arg-extremum: values and the winning window offset (int32).
 
   PyTorch's rule over the real cells of each window, in row-major order: the
@@ -137,7 +174,7 @@ def _arg_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, ja
   offset_dtype = offset_dtype_for(geom)
   floating = jnp.issubdtype(x.dtype, jnp.floating)
   best = arg = None
-  for j, tap in enumerate(taps(pad(x, geom, identity(x.dtype, kind)), geom)):
+  for j, tap in enumerate(taps(x, geom, identity(x.dtype, kind), shared_pad=shared_pad)):
     if best is None:
       best = tap
       first = geom.first_real_offset() if geom.needs_real_offset else np.zeros((), np.int64)
@@ -236,7 +273,7 @@ def _gather(t: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax.A
 
 def _sum_taps(x: jax.Array, geom: Geometry) -> jax.Array:
   total = None
-  for tap in taps(pad(x, geom, 0), geom):
+  for tap in taps(x, geom, 0, shared_pad=False):  # one consumer, also when differentiated
     total = tap if total is None else total + tap
   return total
 
@@ -292,15 +329,19 @@ def window_sum(x: jax.Array, geom: Geometry) -> jax.Array:
   return _window_sum(x, geom)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
-def _window_select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
-  return _arg_select(x, geom, kind)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def _window_select(
+    x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool
+) -> tuple[jax.Array, jax.Array]:
+  # Undifferentiated: the offsets are computed only when asked for (else XLA drops
+  # them), and the taps are spelt for one consumer unless both outputs are used.
+  return _arg_select(x, geom, kind, shared_pad=with_offsets)
 
 
 @_window_select.defjvp
-def _window_select_jvp(geom, kind, primals, tangents):
+def _window_select_jvp(geom, kind, with_offsets, primals, tangents):
   (x,), (t,) = primals, tangents
-  values, arg = _arg_select(x, geom, kind)
+  values, arg = _arg_select(x, geom, kind, shared_pad=True)  # the tangent needs the offsets
   return (values, arg), (_gather(t, geom, arg), np.zeros(arg.shape, jax.dtypes.float0))
 
 
@@ -324,9 +365,9 @@ def _stage_select(
   better_than = lax.gt if kind == "max" else lax.lt
   floating = jnp.issubdtype(x.dtype, jnp.floating)
   d = geom.dims[axis]
-  value_taps = taps(pad(x, geom, identity(x.dtype, kind)), geom)
+  value_taps = taps(x, geom, identity(x.dtype, kind), shared_pad=True)
   if payload is not None:
-    payload_taps = taps(pad(payload, geom, 0), geom)
+    payload_taps = taps(payload, geom, 0, shared_pad=True)
   best = next(value_taps)
   init = jnp.asarray(init, offset_dtype)
   if payload is None:
@@ -416,21 +457,25 @@ def _separable_select(
   return x, payload
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def select(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def select(
+    x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool = True
+) -> tuple[jax.Array, jax.Array]:
   """Max (min) of every window and the row-major window offset it came from.
 
   For floats, differentiable in ``x`` in forward and reverse mode, to any
   order: each output's derivative is that of its winning input element. Integer
   inputs get the plain forward. Windows over :data:`UNROLL_LIMIT` taps are
-  reduced one spatial dim at a time.
+  reduced one spatial dim at a time. ``with_offsets=False`` says the caller
+  drops the offsets (they are still returned): only how the taps are spelt
+  for XLA changes, never a result.
   """
   floating = jnp.issubdtype(x.dtype, jnp.floating)
   if geom.size > UNROLL_LIMIT:
     return _separable_select(x, geom, kind, differentiable=floating)
   if floating:
-    return _window_select(x, geom, kind)
-  return _arg_select(x, geom, kind)
+    return _window_select(x, geom, kind, with_offsets)
+  return _arg_select(x, geom, kind, shared_pad=with_offsets)
 
 
 @functools.partial(jax.jit, static_argnums=1)

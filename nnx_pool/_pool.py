@@ -150,7 +150,7 @@ class _SelectPool(_WindowPool):
       check_plane_indexable(
           x.shape[1:-1], type(self).__name__, " Pool without return_indices, or tile the map.")
     geom = self.window.resolve(x.shape[1:-1])
-    values, arg = _kernels.select(x, geom, self._kind)
+    values, arg = _kernels.select(x, geom, self._kind, self.return_indices)
     out = (values, _kernels.flat_indices(arg, geom)) if self.return_indices else values
     return out if batched else jax.tree.map(lambda a: a[0], out)
 

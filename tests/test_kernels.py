@@ -6,6 +6,8 @@ oracles are the unrolled kernels (``_arg_select``, ``_window_select``,
 in :mod:`nnx_pool.reference`.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,9 +60,15 @@ def _sum(x, geom):
   return jax.jit(K._separable_sum, static_argnums=1)(x, geom)
 
 
+def _window_select(x, geom, kind):
+  return K._window_select(x, geom, kind, True)
+
+
 def _unrolled_select(x, geom, kind):
-  select = K._window_select if jnp.issubdtype(x.dtype, jnp.floating) else K._arg_select
-  return jax.jit(select, static_argnums=(1, 2))(x, geom, kind)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    return jax.jit(_window_select, static_argnums=(1, 2))(x, geom, kind)
+  return jax.jit(functools.partial(K._arg_select, shared_pad=True), static_argnums=(1, 2))(
+      x, geom, kind)
 
 
 def _inputs(shape, seed):
@@ -84,6 +92,28 @@ def _inputs(shape, seed):
   }
 
 
+@pytest.mark.parametrize(("length", "window", "stride", "dilation", "padding", "ceil_mode"), [
+    (7, 3, 2, 1, 1, False), (7, 3, 2, 1, 1, True), (8, 2, 2, 1, 0, False),
+    (9, 3, 1, 2, 2, False), (6, 4, 3, 1, (2, 1), True), (5, 5, 2, 1, 2, True),
+    (4, 10**6, 10**6, 1, 0, True),  # one window, trimmed to the input
+])
+def test_both_tap_spellings_read_the_same_cells(length, window, stride, dilation, padding,
+                                                ceil_mode):
+  # The same window over a 2-D map (the second dim fixed at 3x3/2 pad 1) read as
+  # stride phases shifted by pads, and as slices of one padded copy: identical
+  # arrays, padding holding the fill value (-7, to be seen).
+  padding = padding if isinstance(padding, tuple) else (padding, padding)
+  geom = Window.create((window, 3), (stride, 2), (padding, (1, 1)), dilation=(dilation, 1),
+                       ceil_mode=ceil_mode).resolve((length, 6))
+  x = jnp.arange(2 * length * 6 * 3, dtype=jnp.float32).reshape(2, length, 6, 3)
+  phases = list(K.taps(x, geom, -7.0, shared_pad=False))
+  shared = list(K.taps(x, geom, -7.0, shared_pad=True))
+  assert len(phases) == len(shared) == geom.size
+  for j, (a, b) in enumerate(zip(phases, shared)):
+    assert a.shape == b.shape == (2, *geom.out_shape, 3), j
+    np.testing.assert_array_equal(a, b, err_msg=f"tap {j}")
+
+
 def test_dispatch_on_tap_count():
   """Over UNROLL_LIMIT taps the public kernels are separable; at or under it, unrolled."""
   assert all(_geom(case).size > K.UNROLL_LIMIT for case in IDS if case != "12x5-ceil-pad")
@@ -91,7 +121,7 @@ def test_dispatch_on_tap_count():
   assert geom.size <= K.UNROLL_LIMIT
   x = jnp.asarray(_inputs(CASES["12x5-ceil-pad"][-1], seed=0)["normal"])
   public = jax.make_jaxpr(lambda x: K.select(x, geom, "max"))(x)
-  unrolled = jax.make_jaxpr(lambda x: jax.jit(K._window_select, static_argnums=(1, 2))(
+  unrolled = jax.make_jaxpr(lambda x: jax.jit(_window_select, static_argnums=(1, 2))(
       x, geom, "max"))(x)
   assert _count_equations(public.jaxpr) == _count_equations(unrolled.jaxpr)
 
@@ -134,7 +164,7 @@ def test_max_grad_matches_reference_and_unrolled(case):
   g = np.random.default_rng(3).integers(-4, 5, out_shape).astype(np.float32)
   _, vjp = jax.vjp(lambda x: _select(x, geom, "max")[0], jnp.asarray(x))
   (grad,) = vjp(jnp.asarray(g))
-  _, vjp_unrolled = jax.vjp(lambda x: K._window_select(x, geom, "max")[0], jnp.asarray(x))
+  _, vjp_unrolled = jax.vjp(lambda x: _window_select(x, geom, "max")[0], jnp.asarray(x))
   (want_unrolled,) = vjp_unrolled(jnp.asarray(g))
   np.testing.assert_array_equal(np.asarray(grad), np.asarray(want_unrolled))
   np.testing.assert_array_equal(np.asarray(grad), reference.max_pool_grad(x, g, **args, **kwargs))
@@ -156,7 +186,7 @@ def test_select_jvp_and_min_grad(case, kind):
       lambda x: _select(x, geom, kind), (jnp.asarray(x),), (jnp.asarray(t),)
   )
   _, (want_t, _) = jax.jvp(
-      lambda x: K._window_select(x, geom, kind), (jnp.asarray(x),), (jnp.asarray(t),)
+      lambda x: _window_select(x, geom, kind), (jnp.asarray(x),), (jnp.asarray(t),)
   )
   assert t_offsets.dtype == jax.dtypes.float0
   np.testing.assert_array_equal(np.asarray(t_values), np.asarray(want_t))
