@@ -135,8 +135,8 @@ def taps(x: jax.Array, geom: Geometry, value, *, shared_pad: bool) -> Iterator[j
       x = lax.pad(x, fill, config)
     for offset in itertools.product(*(range(d.window) for d in geom.dims)):
       start = (0, *(j * d.dilation for j, d in zip(offset, geom.dims)), 0)
-      limit = (x.shape[0], *(s + (d.out - 1) * d.stride + 1 for s, d in zip(start[1:-1], geom.dims)),
-               x.shape[-1])
+      ends = (s + (d.out - 1) * d.stride + 1 for s, d in zip(start[1:-1], geom.dims))
+      limit = (x.shape[0], *ends, x.shape[-1])
       yield lax.slice(x, start, limit, (1, *(d.stride for d in geom.dims), 1))
     return
   for combo in itertools.product(*(_tap_phases(d) for d in geom.dims)):
