@@ -210,12 +210,39 @@ def _phases(geom: Geometry):
   return result
 
 
+def _is_tiling(geom: Geometry) -> bool:
+  """Whether the windows tile the input: stride = window, no dilation, no low padding."""
+  return all(d.stride == d.window and d.dilation == 1 and d.pad_low == 0 for d in geom.dims)
+
+
+def _scatter_tiles(ct: jax.Array, geom: Geometry) -> jax.Array:
+  """:func:`_scatter` of a sum whose windows tile the input (each cell in at most one).
+
+  The cotangent is broadcast over each window and reshaped to the input,
+  cropped to it or zero-extended past the last whole window: one fused loop,
+  where the phase scatter stacks one block per phase. Measured (fwd+bwd of
+  an average pool, ms, phases -> tiles): 8x8/8 13.4 -> 6.5, adaptive 56 -> 7
+  2.5 -> 0.7, 3x3/3 2.0 -> 1.5, but 2x2/2 1.5 -> 2.1, and a max pool's masked
+  broadcast was slower than its phases (adaptive max 56 -> 7: 0.8 -> 6.0); so
+  only sums over more than 4 taps take this path.
+  """
+  n, c = ct.shape[0], ct.shape[-1]
+  split = tuple(v for d in geom.dims for v in (d.out, d.window))
+  full = jnp.broadcast_to(ct.reshape(n, *(v for d in geom.dims for v in (d.out, 1)), c),
+                          (n, *split, c))
+  full = full.reshape(n, *(d.out * d.window for d in geom.dims), c)
+  config = [(0, 0, 0), *((0, d.length - d.out * d.window, 0) for d in geom.dims), (0, 0, 0)]
+  return lax.pad(full, jnp.zeros((), ct.dtype), config)
+
+
 def _scatter(ct: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax.Array:
   """Adjoint of the tap gather: adds each output's ``ct`` to the input cells of its taps.
 
   With ``arg`` (window offsets), only the winning tap of each output receives.
   Linear in ``ct``; returns an array of the input's shape ``(N, *in, C)``.
   """
+  if arg is None and geom.size > 4 and _is_tiling(geom):
+    return _scatter_tiles(ct, geom)
   phases = _phases(geom)
   n, c = ct.shape[0], ct.shape[-1]
   # Pad the cotangent (and offsets, with -1 that matches no tap) so that every

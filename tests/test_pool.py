@@ -344,6 +344,27 @@ def test_avgpool_gradient_closed_form():
   np.testing.assert_allclose(grad[0, :, 0], expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize(("window", "ceil_mode"), [((3, 3), False), ((3, 3), True),
+                                                   ((2, 4), True), ((1, 5), False)])
+def test_avgpool_gradient_of_tiling_windows_matches_mirror(window, ceil_mode):
+  # Windows that tile the map (stride = window): the leftover cells of floor mode get
+  # no gradient, the ceil-mode partial windows divide by their real cells. Expected:
+  # the mirror's average pool is linear, so its transpose is read off one basis input
+  # (a single 1) per cell.
+  shape = (1, 7, 8, 1)
+  g = np.random.default_rng(3).integers(-4, 5, (1, *AvgPool(window, ceil_mode=ceil_mode)(
+      np.zeros(shape, np.float32)).shape[1:])).astype(np.float64)
+  want = np.zeros(shape)
+  for cell in np.ndindex(*shape):
+    basis = np.zeros(shape)
+    basis[cell] = 1.0
+    want[cell] = np.sum(reference.avg_pool(basis, window, window, "VALID",
+                                           ceil_mode=ceil_mode) * g)
+  grad = jax.grad(lambda v: jnp.sum(AvgPool(window, ceil_mode=ceil_mode)(v) * g))(
+      jnp.zeros(shape, jnp.float32))
+  np.testing.assert_allclose(grad, want, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "module",
     [AvgPool((3, 3), 2, 1, ceil_mode=True), LPPool(2.5, (2, 2), 1, ceil_mode=True), LPPool(2, (3, 2))],
