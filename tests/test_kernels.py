@@ -96,6 +96,7 @@ def _inputs(shape, seed):
     (7, 3, 2, 1, 1, False), (7, 3, 2, 1, 1, True), (8, 2, 2, 1, 0, False),
     (9, 3, 1, 2, 2, False), (6, 4, 3, 1, (2, 1), True), (5, 5, 2, 1, 2, True),
     (4, 10**6, 10**6, 1, 0, True),  # one window, trimmed to the input
+    (1, 6, 3, 1, 3, True), (4, 6, 6, 1, 3, True),  # phases starting past the end
 ])
 def test_both_tap_spellings_read_the_same_cells(length, window, stride, dilation, padding,
                                                 ceil_mode):

@@ -335,6 +335,22 @@ def test_pool_equals_flax(padding, window, strides):
 # --- gradients -------------------------------------------------------------------------
 
 
+def test_ceil_mode_strides_longer_than_the_input_pool_the_padded_windows():
+  # L = 1, window 6, stride 3, padding 3, ceil mode: windows [-3, 3) and [0, 6), two
+  # outputs (PyTorch); the second window's stride phase starts past the input.
+  x = jnp.array([[[5.0]]])
+  np.testing.assert_array_equal(MaxPool(6, 3, 3, ceil_mode=True)(x)[0, :, 0], [5.0, 5.0])
+  # Divisors clipped to [-3, L + 3) = [-3, 4): 6 cells, then [0, 4): 4 cells.
+  np.testing.assert_allclose(AvgPool(6, 3, 3, ceil_mode=True)(x)[0, :, 0], [5 / 6, 5 / 4],
+                             rtol=1e-7)
+  grid = jnp.arange(6.0).reshape(1, 2, 3, 1)
+  got = MaxPool((7, 3), (4, 1), ((3, 3), (1, 1)), ceil_mode=True)(grid)
+  want, _ = reference.max_pool(np.asarray(grid), (7, 3), (4, 1), ((3, 3), (1, 1)),
+                               ceil_mode=True)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(got[0, :, :, 0], [[4, 5, 5], [4, 5, 5]])  # hand: rows 0-1
+
+
 def test_avgpool_gradient_closed_form():
   # The gradient of sum(avg) puts 1 / divisor on every cell of every window covering it.
   # k3 s1 p1 over L=4 excluding pads: divisors [2, 3, 3, 2]; cell 0 is in windows 0, 1.
