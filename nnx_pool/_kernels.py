@@ -142,11 +142,11 @@ def taps(x: jax.Array, geom: Geometry, value, *, shared_pad: bool) -> Iterator[j
   for combo in itertools.product(*(_tap_phases(d) for d in geom.dims)):
     # A phase may start past the end (ceil mode, a stride over L + 1): an empty slice.
     start = (0, *(min(phase, d.length) for (phase, _, _), d in zip(combo, geom.dims)), 0)
-    phase = lax.slice(x, start, x.shape, (1, *(d.stride for d in geom.dims), 1))
+    view = lax.slice(x, start, x.shape, (1, *(d.stride for d in geom.dims), 1))
     if any(low or high for _, low, high in combo):
       config = [(0, 0, 0), *((low, high, 0) for _, low, high in combo), (0, 0, 0)]
-      phase = lax.pad(phase, fill, config)
-    yield phase
+      view = lax.pad(view, fill, config)
+    yield view
 
 
 def offset_dtype_for(geom: Geometry) -> jnp.dtype:
