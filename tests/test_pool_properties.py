@@ -243,18 +243,21 @@ def _apply(module, cfg: Config, x: np.ndarray):
 # ----------------------------------------------------------------------------
 
 
+def _mirror_select(cfg: Config, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """The NumPy mirror's values and indices: first extremum wins ties, last NaN wins,
+  padding never selected."""
+  mirror = reference.max_pool if cfg.kind == "max" else reference.min_pool
+  return mirror(x, cfg.window, cfg.strides, cfg.mirror_padding, dilation=cfg.dilation,
+                ceil_mode=cfg.ceil_mode)
+
+
 @settings(max_examples=80, **_SETTINGS)
 @given(cfg=st.one_of(configs("max"), configs("min")), return_indices=st.booleans())
 def test_maxpool_minpool_match_mirror(cfg, return_indices):
   out_shape = _predicted_out_shape(cfg)
   assume(out_shape is not None)
   x = _input(cfg)
-  mirror = reference.max_pool if cfg.kind == "max" else reference.min_pool
-  # NumPy mirror: first extremum wins ties, last NaN wins, padding never selected.
-  want_values, want_indices = mirror(
-      x, cfg.window, cfg.strides, cfg.mirror_padding, dilation=cfg.dilation,
-      ceil_mode=cfg.ceil_mode,
-  )
+  want_values, want_indices = _mirror_select(cfg, x)
   out = _apply(cfg.module(return_indices=return_indices), cfg, x)
   values, indices = out if return_indices else (out, None)
   assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
@@ -323,11 +326,7 @@ def test_separable_maxpool_minpool_match_mirror(cfg):
   out_shape = _predicted_out_shape(cfg)
   assume(out_shape is not None)
   x = _input(cfg)
-  mirror = reference.max_pool if cfg.kind == "max" else reference.min_pool
-  want_values, want_indices = mirror(
-      x, cfg.window, cfg.strides, cfg.mirror_padding, dilation=cfg.dilation,
-      ceil_mode=cfg.ceil_mode,
-  )
+  want_values, want_indices = _mirror_select(cfg, x)
   module = cfg.module(return_indices=True)
   (values, indices), vjp = jax.vjp(lambda v: _apply(module, cfg, v), jnp.asarray(x))
   assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
