@@ -131,46 +131,42 @@ def test_regression_reading_a_newer_format_baseline_exits_2(baseline, capsys, co
 
 # ------------------------------------------------------ concurrent records
 
+# The children below share this start: arguments, a slowed-down array write (so
+# that the writers overlap), and a wait until every child is ready.
+def _child(delay: float, imports: str, body: str) -> str:
+  return textwrap.dedent(f"""
+      import sys, time
+      from pathlib import Path
+      from regression import store
+  """) + textwrap.dedent(imports) + textwrap.dedent(f"""
+
+      out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+      real = store._write_npz
+
+      def slow_write(path, arrays):
+        real(path, arrays)
+        time.sleep({delay})
+
+      store._write_npz = slow_write
+      while not go.exists():
+        time.sleep(0.01)
+  """) + textwrap.dedent(body)
+
+
 # Each child records its own one-case batch into the same new directory with the
-# real `record` command. The array write is slowed down so that the writers
-# overlap; they start together.
-_RECORDER = textwrap.dedent("""
-    import sys, time
-    from pathlib import Path
-    from regression import cli, store
+# real `record` command.
+_RECORDER = _child(0.3, """
+    from regression import cli
     from regression.batch import Batch, Case
-
-    out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    real = store._write_npz
-
-    def slow_write(path, arrays):
-      real(path, arrays)
-      time.sleep(0.3)
-
-    store._write_npz = slow_write
+""", """
     batch = lambda: Batch([Case("double_" + tag, lambda: (lambda x: 2 * x), input="one")])
-    while not go.exists():
-      time.sleep(0.01)
     sys.exit(cli.main(["record", "--out", str(out)], batch=batch))
 """)
 
 # The store alone (no JAX): each child replaces the same baseline with --force.
-_FORCED_WRITER = textwrap.dedent("""
-    import sys, time
-    from pathlib import Path
+_FORCED_WRITER = _child(0.2, """
     import numpy as np
-    from regression import store
-
-    out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    real = store._write_npz
-
-    def slow_write(path, arrays):
-      real(path, arrays)
-      time.sleep(0.2)
-
-    store._write_npz = slow_write
-    while not go.exists():
-      time.sleep(0.01)
+""", """
     store.write_baseline(out, {"kind": tag}, {tag: np.full(1000, ord(tag), np.int32)}, force=True)
 """)
 
