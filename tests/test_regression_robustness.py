@@ -134,7 +134,7 @@ def test_regression_reading_a_newer_format_baseline_exits_2(baseline, capsys, co
 # The children below share this start: arguments, a slowed-down array write (so
 # that the writers overlap), and a wait until every child is ready.
 def _child(delay: float, imports: str, body: str) -> str:
-  return textwrap.dedent(f"""
+  return textwrap.dedent("""
       import sys, time
       from pathlib import Path
       from regression import store
