@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 check: $(STAMP)
-	$(BIN)/python -m regression check
+	$(BIN)/python -m nnx_pool.regression check
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,8 +1,8 @@
-"""``python -m regression``: see :mod:`regression.cli`."""
+"""``python -m nnx_pool.regression``: see :mod:`nnx_pool.regression.cli`."""
 
 import sys
 
-from regression.cli import main
+from nnx_pool.regression.cli import main
 
 if __name__ == "__main__":
   sys.exit(main())

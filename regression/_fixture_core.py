@@ -1,6 +1,6 @@
 """The numeric half of the ``nnx_regression`` fixture: run, store, compare.
 
-Kept apart from :mod:`regression.pytest_plugin` so that loading the plugin
+Kept apart from :mod:`nnx_pool.regression.pytest_plugin` so that loading the plugin
 does not import JAX; this module is imported on the first ``check`` call.
 
 Arrays are keyed ``input/<i>``, ``weights/<path>`` (the module's
@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from regression import store
-from regression.compare import compare_arrays
-from regression.report import Report, Row, Timing, recorded_label, render
-from regression.runner import compile_and_time, param_arrays, split_callable, to_numpy
-from regression.stamp import stamp_changes
-from regression.store import BaselineError
-from regression.tolerance import Tolerance, tolerance_for
+from nnx_pool.regression import store
+from nnx_pool.regression.compare import compare_arrays
+from nnx_pool.regression.report import Report, Row, Timing, recorded_label, render
+from nnx_pool.regression.runner import compile_and_time, param_arrays, split_callable, to_numpy
+from nnx_pool.regression.stamp import stamp_changes
+from nnx_pool.regression.store import BaselineError
+from nnx_pool.regression.tolerance import Tolerance, tolerance_for
 
 KIND = "pytest"
 

@@ -2,8 +2,8 @@
 
 A :class:`Case` is a small record: a name, a zero-argument factory that builds
 the module (or a plain function), the name of a stored input
-(:data:`regression.inputs.INPUTS`), a dtype, the kind of tolerance
-(:data:`regression.tolerance.KINDS`), whether the module returns indices,
+(:data:`nnx_pool.regression.inputs.INPUTS`), a dtype, the kind of tolerance
+(:data:`nnx_pool.regression.tolerance.KINDS`), whether the module returns indices,
 whether it has parameters, and, for a deliberately bad input, the error it
 must raise.
 
@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from regression.inputs import INPUTS
-from regression.tolerance import KINDS
+from nnx_pool.regression.inputs import INPUTS
+from nnx_pool.regression.tolerance import KINDS
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -59,9 +59,9 @@ class Case:
     name: a unique name (letters, digits, ``_.-``).
     build: a zero-argument factory returning an ``nnx.Module`` or a function
       of one array.
-    input: the name of an input in :data:`regression.inputs.INPUTS`.
+    input: the name of an input in :data:`nnx_pool.regression.inputs.INPUTS`.
     dtype: the input's dtype name (default ``"float32"``).
-    tolerance: the kind of tolerance, one of :data:`regression.tolerance.KINDS`.
+    tolerance: the kind of tolerance, one of :data:`nnx_pool.regression.tolerance.KINDS`.
     indices: the module returns ``(values, indices)`` (default False).
     params: the module has ``nnx.Param`` weights, stored in the baseline and
       differentiated (default False).

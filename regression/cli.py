@@ -1,4 +1,4 @@
-"""Command line: ``python -m regression`` or the ``nnx-pool-regression`` script.
+"""Command line: ``python -m nnx_pool.regression`` or the ``nnx-pool-regression`` script.
 
 Commands:
 
@@ -30,9 +30,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from regression import commands
-from regression.batch import Batch, load_batch
-from regression.report import Report, render, write_json
+from nnx_pool.regression import commands
+from nnx_pool.regression.batch import Batch, load_batch
+from nnx_pool.regression.report import Report, render, write_json
 
 BatchFactory = Callable[[], Batch]
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, batch: BatchFactory) -> Report:
 
 def _print(report: Report) -> None:
   if report.command == "info":
-    from regression.stamp import format_stamp
+    from nnx_pool.regression.stamp import format_stamp
 
     print(format_stamp(report.stamp or {}))
     return
@@ -120,7 +120,7 @@ def _print(report: Report) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None) -> int:
-  """Entry point of ``nnx-pool-regression`` and ``python -m regression``.
+  """Entry point of ``nnx-pool-regression`` and ``python -m nnx_pool.regression``.
 
   Args:
     argv: the arguments (default ``sys.argv[1:]``).
@@ -188,5 +188,5 @@ def _provide_devices(
   args = list(sys.argv[1:] if argv is None else argv)
   sys.stdout.flush()
   sys.stderr.flush()
-  return subprocess.run([sys.executable, "-m", "regression", *args], env=env,
+  return subprocess.run([sys.executable, "-m", "nnx_pool.regression", *args], env=env,
                         check=False).returncode

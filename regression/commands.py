@@ -1,7 +1,7 @@
 """The four commands behind the CLI: ``record``, ``check``, ``diff`` and ``info``.
 
-Each takes plain arguments, returns a :class:`~regression.report.Report`, and
-never prints; :mod:`regression.cli` renders it. Baseline arrays are keyed
+Each takes plain arguments, returns a :class:`~nnx_pool.regression.report.Report`, and
+never prints; :mod:`nnx_pool.regression.cli` renders it. Baseline arrays are keyed
 ``<case>/<key>``: the stored inputs (``input``, ``cotangent``,
 ``weights/<path>``) and the results (``output``, ``output_eager``,
 ``indices``, ``indices_eager``, ``grad/input``, ``grad/params/<path>``).
@@ -17,16 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from regression import store
-from regression.batch import Case, matches, select
-from regression.compare import Verdict, compare_arrays
-from regression.report import FAILING, Report, Row, Timing, recorded_label
-from regression.stamp import collect_stamp, stamp_changes
-from regression.store import Baseline, BaselineError
-from regression.tolerance import Tolerance, policy_table
+from nnx_pool.regression import store
+from nnx_pool.regression.batch import Case, matches, select
+from nnx_pool.regression.compare import Verdict, compare_arrays
+from nnx_pool.regression.report import FAILING, Report, Row, Timing, recorded_label
+from nnx_pool.regression.stamp import collect_stamp, stamp_changes
+from nnx_pool.regression.store import Baseline, BaselineError
+from nnx_pool.regression.tolerance import Tolerance, policy_table
 
 KIND = "batch"
-BATCH_AXIS = "batch"  # the mesh axis of sharded checks (regression.runner.BATCH_AXIS)
+BATCH_AXIS = "batch"  # the mesh axis of sharded checks (nnx_pool.regression.runner.BATCH_AXIS)
 SHIPPED = Path(__file__).resolve().parent / "baseline"
 _INPUT_KEYS = ("input", "cotangent", "weights/")
 _CASE_FIELDS = ("declaration", "inputs", "results", "jit_eager_agree", "timing", "raises")
@@ -43,7 +43,7 @@ def load(path: str | os.PathLike) -> Baseline:
   """Reads a batch baseline and checks it is one this version can compare with.
 
   Raises:
-    BaselineError: see :func:`regression.store.read_baseline`; also when the
+    BaselineError: see :func:`nnx_pool.regression.store.read_baseline`; also when the
       manifest is not a batch baseline or a case entry is malformed.
   """
   base = store.read_baseline(path)
@@ -101,7 +101,7 @@ def record(
     refused the write, which leaves any previous baseline intact), 1 if a
     case failed (nothing is written then), else 0.
   """
-  from regression.runner import run_case
+  from nnx_pool.regression.runner import run_case
 
   out = Path(out)
   report = Report(command="record", baseline=str(out), notes=list(notes))
@@ -210,7 +210,7 @@ def check(
     reps: the most timed steady-state calls per case.
     devices: run sharded over this many devices (a mesh axis ``batch``): each
       stored batch is repeated once per device and every copy is compared
-      with the baseline (see :mod:`regression.runner`). None: one device.
+      with the baseline (see :mod:`nnx_pool.regression.runner`). None: one device.
     axis_types: the mesh's axis type when ``devices`` is given,
       ``"explicit"`` (default) or ``"auto"``.
 
@@ -218,7 +218,7 @@ def check(
     The report; exit code 2 for an unusable baseline or too few devices, 1
     for any failing row (0 with ``dry_run``), else 0.
   """
-  from regression.runner import make_mesh, run_case
+  from nnx_pool.regression.runner import make_mesh, run_case
 
   report = Report(command="check", baseline=str(baseline), dry_run=dry_run, notes=list(notes))
   try:
@@ -283,7 +283,7 @@ def _platform(mesh: Any) -> str:
 def _compare_copies(key: str, actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
                     copies: int) -> Verdict:
   """Compares every copy of a sharded result with the baseline; the worst verdict wins."""
-  from regression.runner import split_copies
+  from nnx_pool.regression.runner import split_copies
 
   verdicts = [compare_arrays(a, expected, tol) for a in split_copies(key, actual, copies)]
   worst = Verdict(

@@ -1,4 +1,4 @@
-"""Compares arrays under a :class:`~regression.tolerance.Tolerance`.
+"""Compares arrays under a :class:`~nnx_pool.regression.tolerance.Tolerance`.
 
 Rules, in order:
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from regression.tolerance import Tolerance, is_float
+from nnx_pool.regression.tolerance import Tolerance, is_float
 
 
 @dataclasses.dataclass

@@ -7,10 +7,10 @@ A test hands the fixture a name, an NNX module or a function, and inputs::
     nnx_regression.check("encoder_fwd", model, x)
 
 The first run writes a baseline to ``<test dir>/_regression/<test module>/<name>/``
-(the same stamped manifest + ``.npz`` format as ``python -m regression``) and
+(the same stamped manifest + ``.npz`` format as ``python -m nnx_pool.regression``) and
 fails, saying so. Later runs compile the call, warm it up, run it under
 ``jax.jit`` and eagerly, and compare both with the baseline under per-dtype
-tolerances (:mod:`regression.tolerance`, kind ``"model"``; pass ``rtol``/``atol``
+tolerances (:mod:`nnx_pool.regression.tolerance`, kind ``"model"``; pass ``rtol``/``atol``
 to override), reporting a table and what changed in the environment. The
 module's ``nnx.Param`` weights and the inputs are stored too: if they changed
 (a new PRNG default, say), the failure says so.
@@ -23,7 +23,7 @@ At the end of a session, the terminal summary lists baselines written or
 updated, and baselines next to the test modules that ran which no test used
 (only for modules that ran in full, and not after ``-x`` stopped the run).
 
-Register with the ``pytest11`` entry point, or ``-p regression.pytest_plugin``.
+Register with the ``pytest11`` entry point, or ``-p nnx_pool.regression.pytest_plugin``.
 """
 
 from __future__ import annotations
@@ -170,10 +170,10 @@ class Regression:
           "baseline names must be unique within a test module."
       )
     self._state.used[key] = nodeid
-    from regression import _fixture_core
+    from nnx_pool.regression import _fixture_core
 
     if self._state.stamp is None:
-      from regression.stamp import collect_stamp
+      from nnx_pool.regression.stamp import collect_stamp
 
       self._state.stamp = collect_stamp(git_dir=self._request.config.rootpath)
     run = _fixture_core.execute(module_or_fn, inputs, rtol=rtol, atol=atol)

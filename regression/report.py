@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from regression.compare import json_float
+from nnx_pool.regression.compare import json_float
 
 FAILING = ("FAIL", "ERROR", "NEW", "GONE", "STALE")
 # A timing change is shown when it is this many times slower or faster ...

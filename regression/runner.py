@@ -35,15 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from regression.batch import Case
+from nnx_pool.regression.batch import Case
 
 BATCH_AXIS = "batch"
 AXIS_TYPES = ("explicit", "auto")
-# Inputs without a batch axis (see regression.inputs.INPUTS): never repeated.
+# Inputs without a batch axis (see nnx_pool.regression.inputs.INPUTS): never repeated.
 UNBATCHED_INPUTS = frozenset({"unbatched"})
-from regression.compare import compare_arrays
-from regression.inputs import make_cotangent, make_input
-from regression.tolerance import Tolerance, is_float, tolerance_for
+from nnx_pool.regression.compare import compare_arrays
+from nnx_pool.regression.inputs import make_cotangent, make_input
+from nnx_pool.regression.tolerance import Tolerance, is_float, tolerance_for
 
 Apply = Callable[..., Any]
 

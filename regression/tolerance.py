@@ -8,7 +8,7 @@ baseline and shown in every report.
 
 Comparison is ``|actual - expected| <= atol + rtol * |expected|`` per element,
 after NaN positions must agree and infinities must be equal (see
-:mod:`regression.compare`).
+:mod:`nnx_pool.regression.compare`).
 
 Where the numbers come from (``eps`` is the dtype's machine epsilon:
 float64 2.2e-16, float32 1.2e-7, float16 9.8e-4, bfloat16 7.8e-3):

@@ -6,10 +6,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from regression import commands, store
-from regression.batch import BUILDERS, Case, CaseBuilder, build_cases, load_batch, select
-from regression.inputs import INPUTS, make_cotangent, make_input
-from regression.runner import run_case
+from nnx_pool.regression import commands, store
+from nnx_pool.regression.batch import BUILDERS, Case, CaseBuilder, build_cases, load_batch, select
+from nnx_pool.regression.inputs import INPUTS, make_cotangent, make_input
+from nnx_pool.regression.runner import run_case
 
 
 def test_batch_inputs_are_deterministic():

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from regression import cli, commands, store
-from regression.batch import Batch, Case, ErrorSpec
+from nnx_pool.regression import cli, commands, store
+from nnx_pool.regression.batch import Batch, Case, ErrorSpec
 
 FAST = 3  # timed steady-state calls per case in these tests
 
@@ -173,7 +173,7 @@ def test_cli_check_k_selects_cases_and_ignores_the_rest(baseline, capsys):
 
 def test_cli_check_reads_inputs_from_the_baseline(baseline, capsys, monkeypatch):
   # If check regenerated inputs, this poisoned generator would change every output.
-  from regression import runner
+  from nnx_pool.regression import runner
 
   monkeypatch.setattr(runner, "make_input", lambda *a: pytest.fail("check regenerated an input"))
   assert _main(["check", "--baseline", str(baseline)]) == 0
@@ -255,7 +255,7 @@ def test_cli_record_refuses_to_overwrite_without_force(baseline, capsys):
 
 def test_cli_record_force_replaces_and_keeps_the_stored_inputs(baseline, capsys, monkeypatch):
   before = store.read_baseline(baseline)
-  from regression import runner
+  from nnx_pool.regression import runner
 
   # Unchanged cases reuse the stored inputs, so inputs never drift between recordings.
   monkeypatch.setattr(runner, "make_input", lambda *a: pytest.fail("record regenerated an input"))
@@ -365,7 +365,7 @@ def test_cli_runs_as_python_dash_m(tmp_path):
   repo = Path(cli.__file__).resolve().parents[1]
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
   done = subprocess.run(
-      [sys.executable, "-m", "regression", "check", "--baseline", str(tmp_path / "none")],
+      [sys.executable, "-m", "nnx_pool.regression", "check", "--baseline", str(tmp_path / "none")],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
   )
   assert done.returncode == 2

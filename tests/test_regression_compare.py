@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from regression.compare import compare_arrays
-from regression.tolerance import Tolerance, tolerance_for
+from nnx_pool.regression.compare import compare_arrays
+from nnx_pool.regression.tolerance import Tolerance, tolerance_for
 
 EXACT = Tolerance("exact")
 CLOSE = Tolerance("allclose", rtol=1e-6, atol=1e-6)

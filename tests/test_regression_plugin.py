@@ -6,7 +6,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = ("-p", "regression.pytest_plugin")
+PLUGIN = ("-p", "nnx_pool.regression.pytest_plugin")
 
 TEST_FILE = """
 import jax.numpy as jnp

@@ -19,14 +19,14 @@ import jax
 import numpy as np
 import pytest
 
-import regression
-from regression import cli, commands, runner, store
-from regression.batch import Batch, Case, load_batch
-from regression.compare import compare_arrays
-from regression.store import BaselineError, read_baseline
-from regression.tolerance import tolerance_for
+import nnx_pool.regression
+from nnx_pool.regression import cli, commands, runner, store
+from nnx_pool.regression.batch import Batch, Case, load_batch
+from nnx_pool.regression.compare import compare_arrays
+from nnx_pool.regression.store import BaselineError, read_baseline
+from nnx_pool.regression.tolerance import tolerance_for
 
-REPO = Path(regression.__file__).resolve().parents[1]
+REPO = Path(nnx_pool.regression.__file__).resolve().parents[1]
 FAST = 3  # timed steady-state calls per case
 
 
@@ -137,7 +137,7 @@ def _child(delay: float, imports: str, body: str) -> str:
   return textwrap.dedent("""
       import sys, time
       from pathlib import Path
-      from regression import store
+      from nnx_pool.regression import store
   """) + textwrap.dedent(imports) + textwrap.dedent(f"""
 
       out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
@@ -156,8 +156,8 @@ def _child(delay: float, imports: str, body: str) -> str:
 # Each child records its own one-case batch into the same new directory with the
 # real `record` command.
 _RECORDER = _child(0.3, """
-    from regression import cli
-    from regression.batch import Batch, Case
+    from nnx_pool.regression import cli
+    from nnx_pool.regression.batch import Batch, Case
 """, """
     batch = lambda: Batch([Case("double_" + tag, lambda: (lambda x: 2 * x), input="one")])
     sys.exit(cli.main(["record", "--out", str(out)], batch=batch))
@@ -256,8 +256,8 @@ def sharded_baseline(tmp_path_factory) -> Path:
 
 _SHARDED_CHECK = textwrap.dedent("""
     import sys
-    from regression import cli
-    from regression.batch import Batch, load_batch
+    from nnx_pool.regression import cli
+    from nnx_pool.regression.batch import Batch, load_batch
 
     assert "jax" not in sys.modules  # the CLI sets XLA_FLAGS before JAX initialises
     names = sys.argv[1].split(",")

@@ -8,7 +8,7 @@ upgrade check that the README's `make check` runs.
 
 import json
 
-from regression.cli import main
+from nnx_pool.regression.cli import main
 
 
 def test_shipped_baseline_passes_in_this_environment(tmp_path, capsys):

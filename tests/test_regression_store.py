@@ -15,11 +15,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import regression
-from regression import store
-from regression.store import BaselineError, read_baseline, write_baseline
+import nnx_pool.regression
+from nnx_pool.regression import store
+from nnx_pool.regression.store import BaselineError, read_baseline, write_baseline
 
-REPO = Path(regression.__file__).resolve().parents[1]
+REPO = Path(nnx_pool.regression.__file__).resolve().parents[1]
 
 # Bit patterns chosen to break a lossy round trip: NaN payloads, -0, subnormals,
 # the largest finite value, and every integer extreme.
@@ -273,8 +273,8 @@ _KILLED_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import jax.numpy as jnp
-    from regression import cli, store
-    from regression.batch import Batch, Case
+    from nnx_pool.regression import cli, store
+    from nnx_pool.regression.batch import Batch, Case
 
     out, marker = Path(sys.argv[1]), Path(sys.argv[2])
 
