@@ -2,44 +2,70 @@
 
 Every module is channels-last, ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``,
 and window strides default to the window (PyTorch, Keras, TF), not to 1 (Flax).
+
+The public names load on first use (PEP 562), so that the regression kit,
+``nnx_pool.regression``, starts even when an upgrade broke the modules: it then
+reports the import failure with its traceback and exit code 2, instead of the
+interpreter failing before the kit runs.
 """
 
-from nnx_pool._adaptive import AdaptiveAvgPool as AdaptiveAvgPool
-from nnx_pool._adaptive import AdaptiveMaxPool as AdaptiveMaxPool
-from nnx_pool._adaptive import GlobalAvgPool as GlobalAvgPool
-from nnx_pool._adaptive import GlobalMaxPool as GlobalMaxPool
-from nnx_pool._adaptive import SelectAdaptivePool as SelectAdaptivePool
-from nnx_pool._gates import CBAM as CBAM
-from nnx_pool._gates import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
-from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
-from nnx_pool._gates import SqueezeExcitation as SqueezeExcitation
-from nnx_pool._gates import eca_kernel_size as eca_kernel_size
-from nnx_pool._gates import hard_sigmoid as hard_sigmoid
-from nnx_pool._gates import make_divisible as make_divisible
-from nnx_pool._pool import AvgPool as AvgPool
-from nnx_pool._pool import LPPool as LPPool
-from nnx_pool._pool import MaxPool as MaxPool
-from nnx_pool._pool import MinPool as MinPool
-from nnx_pool._unpool import MaxUnpool as MaxUnpool
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from nnx_pool._adaptive import AdaptiveAvgPool as AdaptiveAvgPool
+  from nnx_pool._adaptive import AdaptiveMaxPool as AdaptiveMaxPool
+  from nnx_pool._adaptive import GlobalAvgPool as GlobalAvgPool
+  from nnx_pool._adaptive import GlobalMaxPool as GlobalMaxPool
+  from nnx_pool._adaptive import SelectAdaptivePool as SelectAdaptivePool
+  from nnx_pool._gates import CBAM as CBAM
+  from nnx_pool._gates import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
+  from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
+  from nnx_pool._gates import SqueezeExcitation as SqueezeExcitation
+  from nnx_pool._gates import eca_kernel_size as eca_kernel_size
+  from nnx_pool._gates import hard_sigmoid as hard_sigmoid
+  from nnx_pool._gates import make_divisible as make_divisible
+  from nnx_pool._pool import AvgPool as AvgPool
+  from nnx_pool._pool import LPPool as LPPool
+  from nnx_pool._pool import MaxPool as MaxPool
+  from nnx_pool._pool import MinPool as MinPool
+  from nnx_pool._unpool import MaxUnpool as MaxUnpool
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AdaptiveAvgPool",
-    "AdaptiveMaxPool",
-    "AvgPool",
-    "CBAM",
-    "EffectiveSqueezeExcitation",
-    "EfficientChannelAttention",
-    "GlobalAvgPool",
-    "GlobalMaxPool",
-    "LPPool",
-    "MaxPool",
-    "MaxUnpool",
-    "MinPool",
-    "SelectAdaptivePool",
-    "SqueezeExcitation",
-    "eca_kernel_size",
-    "hard_sigmoid",
-    "make_divisible",
-]
+# Each public name and the private module that defines it.
+_WHERE = {
+    "AdaptiveAvgPool": "_adaptive",
+    "AdaptiveMaxPool": "_adaptive",
+    "GlobalAvgPool": "_adaptive",
+    "GlobalMaxPool": "_adaptive",
+    "SelectAdaptivePool": "_adaptive",
+    "CBAM": "_gates",
+    "EffectiveSqueezeExcitation": "_gates",
+    "EfficientChannelAttention": "_gates",
+    "SqueezeExcitation": "_gates",
+    "eca_kernel_size": "_gates",
+    "hard_sigmoid": "_gates",
+    "make_divisible": "_gates",
+    "AvgPool": "_pool",
+    "LPPool": "_pool",
+    "MaxPool": "_pool",
+    "MinPool": "_pool",
+    "MaxUnpool": "_unpool",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _WHERE:
+    raise AttributeError(f"module 'nnx_pool' has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"nnx_pool.{_WHERE[name]}"), name)
+  globals()[name] = value  # later lookups are plain attribute reads
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *_WHERE})

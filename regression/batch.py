@@ -7,12 +7,12 @@ the module (or a plain function), the name of a stored input
 whether it has parameters, and, for a deliberately bad input, the error it
 must raise.
 
-Cases come from :data:`BUILDERS`, one :class:`CaseBuilder` per public module.
-A builder names the ``nnx_pool`` attributes it needs; when the package lacks
-one of them yet, the builder is skipped without error. To cover a new module,
-add a function returning its cases and one ``CaseBuilder`` line.
-:func:`load_batch` also lists public modules that no builder covers, so a
-module cannot go untested silently.
+Cases come from :data:`BUILDERS`, one function per module family. To cover a new
+module, add a function returning its cases to that tuple. :func:`load_batch`
+also lists public modules that no case covers, so a module cannot go untested
+silently. A module's constructor call is spelled with :func:`call`, apart from
+the case's own fields, so a constructor argument never collides with a
+:class:`Case` field (a module's own ``dtype`` reaches its constructor).
 
 Configurations cover every option of each module: window shapes in 1, 2 and
 3 dims, default and explicit strides, ``"VALID"``/``"SAME"``/int/pair padding,
@@ -26,12 +26,30 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-import importlib
 import re
-from collections.abc import Callable, Sequence
-from types import ModuleType
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from flax import nnx
+
+import nnx_pool
+from nnx_pool import (
+  CBAM,
+  AdaptiveAvgPool,
+  AdaptiveMaxPool,
+  AvgPool,
+  EffectiveSqueezeExcitation,
+  EfficientChannelAttention,
+  GlobalAvgPool,
+  GlobalMaxPool,
+  LPPool,
+  MaxPool,
+  MaxUnpool,
+  MinPool,
+  SelectAdaptivePool,
+  SqueezeExcitation,
+  hard_sigmoid,
+)
 from nnx_pool.regression.inputs import INPUTS
 from nnx_pool.regression.tolerance import KINDS
 
@@ -121,33 +139,59 @@ def _show(value: Any) -> str:
   return repr(value)
 
 
-def case(name: str, cls: Any, *args: Any, input: str, **options: Any) -> Case:
-  """Builds a :class:`Case` for ``cls(*args, **kwargs)``.
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """A constructor call, ``cls(*args, **kwargs)``, made when the case runs.
 
-  Keyword arguments that are :class:`Case` fields (``dtype``, ``tolerance``,
-  ``indices``, ``params``, ``grad``, ``raises``, ``note``) go to the case; the
-  rest go to the module's constructor.
+  Attributes:
+    cls: the module class (or any factory).
+    args: its positional arguments.
+    kwargs: its keyword arguments.
+    rngs: also pass ``rngs=nnx.Rngs(0)`` (modules with parameters).
   """
-  fixed = {"name", "build", "input", "module", "config"}
-  fields = {f.name for f in dataclasses.fields(Case)} - fixed
-  case_fields = {k: v for k, v in options.items() if k in fields}
-  kwargs = {k: v for k, v in options.items() if k not in fields}
-  shown = [_show(a) for a in args] + [f"{k}={_show(v)}" for k, v in kwargs.items()]
-  if case_fields.get("params"):
-    shown.append("rngs=nnx.Rngs(0)")
-    build = functools.partial(_build_with_rngs, cls, args, kwargs)
-  else:
-    build = functools.partial(cls, *args, **kwargs)
-  return Case(
-      name=name, build=build, input=input, module=cls.__name__,
-      config=f"{cls.__name__}({', '.join(shown)})", **case_fields,
-  )
+
+  cls: Callable[..., Any]
+  args: tuple = ()
+  kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  rngs: bool = False
+
+  def __call__(self) -> Any:
+    if self.rngs:
+      return self.cls(*self.args, **self.kwargs, rngs=nnx.Rngs(0))
+    return self.cls(*self.args, **self.kwargs)
+
+  def describe(self) -> str:
+    """``MaxPool((2, 2), return_indices=True)``, for reports and the manifest."""
+    shown = [_show(a) for a in self.args] + [f"{k}={_show(v)}" for k, v in self.kwargs.items()]
+    if self.rngs:
+      shown.append("rngs=nnx.Rngs(0)")
+    return f"{self.cls.__name__}({', '.join(shown)})"
 
 
-def _build_with_rngs(cls: Any, args: tuple, kwargs: dict) -> Any:
-  from flax import nnx
+def call(cls: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
+  """Spells the constructor call ``cls(*args, **kwargs)`` of a case."""
+  return Call(cls, args, dict(kwargs))
 
-  return cls(*args, **kwargs, rngs=nnx.Rngs(0))
+
+def case(name: str, ctor: Call, *, input: str, **fields: Any) -> Case:
+  """Builds a :class:`Case` that runs the module ``ctor`` makes.
+
+  Args:
+    name: the case name.
+    ctor: the constructor call, from :func:`call`.
+    input: the stored input's name.
+    **fields: other :class:`Case` fields (``dtype``, ``tolerance``, ``indices``,
+      ``params``, ``grad``, ``raises``, ``note``); ``params=True`` also passes
+      ``rngs=nnx.Rngs(0)`` to the constructor.
+
+  Raises:
+    TypeError: ``ctor`` is not a :class:`Call`, or a field is not a Case field.
+  """
+  if not isinstance(ctor, Call):
+    raise TypeError(f"`ctor` must be a call(cls, *args, **kwargs); got {ctor!r}.")
+  ctor = dataclasses.replace(ctor, rngs=bool(fields.get("params")))
+  return Case(name=name, build=ctor, input=input, module=ctor.cls.__name__,
+              config=ctor.describe(), **fields)
 
 
 _CHANNELS_LAST = ErrorSpec("ValueError", r"must be channels-last")
@@ -155,36 +199,38 @@ _CHANNELS_FIRST = ErrorSpec("ValueError", r"channels-first")
 _NO_GRAD_NONFINITE = "no gradient: the power's derivative at NaN/inf has no documented value"
 
 
-def _max_cases(pool: ModuleType) -> list[Case]:
-  return _select_cases(pool.MaxPool, "max") + [
-      case("max_k3s2p1_ceil_asym", pool.MaxPool, (3, 3), 2, 1, ceil_mode=True, input="asym",
+def _max_cases() -> list[Case]:
+  return _select_cases(MaxPool, "max") + [
+      case("max_k3s2p1_ceil_asym", call(MaxPool, (3, 3), 2, 1, ceil_mode=True), input="asym",
            tolerance="select"),
-      case("max_k2s1_pairs_indices_batch", pool.MaxPool, (2, 2), 1, ((0, 1), (1, 0)),
-           return_indices=True, input="batch", tolerance="select", indices=True),
-      case("max_k3s2p1_ceil_indices_unbatched", pool.MaxPool, (3, 3), 2, 1, ceil_mode=True,
-           return_indices=True, in_features=2, input="unbatched", tolerance="select", indices=True),
-      case("max_1d_k3s2p1_seq", pool.MaxPool, 3, 2, 1, input="seq", tolerance="select"),
-      case("max_3d_k2_indices_vol", pool.MaxPool, (2, 2, 2), return_indices=True, input="vol",
+      case("max_k2s1_pairs_indices_batch",
+           call(MaxPool, (2, 2), 1, ((0, 1), (1, 0)), return_indices=True), input="batch",
            tolerance="select", indices=True),
-      case("max_k3s1_f16_one", pool.MaxPool, (3, 3), 1, input="one", dtype="float16",
+      case("max_k3s2p1_ceil_indices_unbatched",
+           call(MaxPool, (3, 3), 2, 1, ceil_mode=True, return_indices=True, in_features=2),
+           input="unbatched", tolerance="select", indices=True),
+      case("max_1d_k3s2p1_seq", call(MaxPool, 3, 2, 1), input="seq", tolerance="select"),
+      case("max_3d_k2_indices_vol", call(MaxPool, (2, 2, 2), return_indices=True), input="vol",
+           tolerance="select", indices=True),
+      case("max_k3s1_f16_one", call(MaxPool, (3, 3), 1), input="one", dtype="float16",
            tolerance="select"),
-      case("max_k3s1p1_int8_ints", pool.MaxPool, (3, 3), 1, 1, input="ints", dtype="int8",
+      case("max_k3s1p1_int8_ints", call(MaxPool, (3, 3), 1, 1), input="ints", dtype="int8",
            tolerance="select", note="padding holds the int8 minimum"),
-      case("max_k2s1_ties_zeros", pool.MaxPool, (2, 2), 1, return_indices=True, input="zeros",
+      case("max_k2s1_ties_zeros", call(MaxPool, (2, 2), 1, return_indices=True), input="zeros",
            tolerance="select_ties", indices=True,
            note="every window ties: indices pin the first-maximum rule"),
-      case("max_nchw", pool.MaxPool, (2, 2), in_features=2, input="nchw", tolerance="select",
+      case("max_nchw", call(MaxPool, (2, 2), in_features=2), input="nchw", tolerance="select",
            raises=_CHANNELS_FIRST),
   ]
 
 
-def _min_cases(pool: ModuleType) -> list[Case]:
-  return _select_cases(pool.MinPool, "min") + [
-      case("min_k3s1p2_dil2_asym", pool.MinPool, (3, 3), 1, 2, dilation=2, input="asym",
+def _min_cases() -> list[Case]:
+  return _select_cases(MinPool, "min") + [
+      case("min_k3s1p2_dil2_asym", call(MinPool, (3, 3), 1, 2, dilation=2), input="asym",
            tolerance="select"),
-      case("min_k2_ceil_asym", pool.MinPool, (2, 2), ceil_mode=True, input="asym",
+      case("min_k2_ceil_asym", call(MinPool, (2, 2), ceil_mode=True), input="asym",
            tolerance="select"),
-      case("min_k3s1p1_int8_ints", pool.MinPool, (3, 3), 1, 1, input="ints", dtype="int8",
+      case("min_k3s1p1_int8_ints", call(MinPool, (3, 3), 1, 1), input="ints", dtype="int8",
            tolerance="select", note="padding holds the int8 maximum"),
   ]
 
@@ -192,133 +238,135 @@ def _min_cases(pool: ModuleType) -> list[Case]:
 def _select_cases(cls: Any, prefix: str) -> list[Case]:
   """Cases shared by max and min pooling."""
   return [
-      case(f"{prefix}_k2_one", cls, (2, 2), input="one", tolerance="select",
+      case(f"{prefix}_k2_one", call(cls, (2, 2)), input="one", tolerance="select",
            note="strides default to the window"),
-      case(f"{prefix}_k3s2_same_batch", cls, (3, 3), 2, "SAME", input="batch", tolerance="select"),
-      case(f"{prefix}_k2s1_dil2_asym", cls, (2, 2), 1, dilation=2, input="asym",
+      case(f"{prefix}_k3s2_same_batch", call(cls, (3, 3), 2, "SAME"), input="batch",
            tolerance="select"),
-      case(f"{prefix}_k2_indices_bf16_one", cls, (2, 2), return_indices=True, input="one",
+      case(f"{prefix}_k2s1_dil2_asym", call(cls, (2, 2), 1, dilation=2), input="asym",
+           tolerance="select"),
+      case(f"{prefix}_k2_indices_bf16_one", call(cls, (2, 2), return_indices=True), input="one",
            dtype="bfloat16", tolerance="select", indices=True),
-      case(f"{prefix}_k2_indices_int32_ints", cls, (2, 2), return_indices=True, input="ints",
+      case(f"{prefix}_k2_indices_int32_ints", call(cls, (2, 2), return_indices=True), input="ints",
            dtype="int32", tolerance="select", indices=True),
-      case(f"{prefix}_k2_indices_extreme", cls, (2, 2), return_indices=True, input="extreme",
+      case(f"{prefix}_k2_indices_extreme", call(cls, (2, 2), return_indices=True), input="extreme",
            tolerance="select", indices=True),
-      case(f"{prefix}_k2_indices_nonfinite", cls, (2, 2), return_indices=True, input="nonfinite",
-           tolerance="select", indices=True,
+      case(f"{prefix}_k2_indices_nonfinite", call(cls, (2, 2), return_indices=True),
+           input="nonfinite", tolerance="select", indices=True,
            note="NaN propagates and wins; the gradient follows the reported index"),
-      case(f"{prefix}_bad_rank", cls, (2, 2), input="bad_rank", tolerance="select",
+      case(f"{prefix}_bad_rank", call(cls, (2, 2)), input="bad_rank", tolerance="select",
            raises=_CHANNELS_LAST),
   ]
 
 
-def _avg_cases(pool: ModuleType) -> list[Case]:
-  avg = pool.AvgPool
+def _avg_cases() -> list[Case]:
+  avg = AvgPool
   return [
-      case("avg_k2_one", avg, (2, 2), input="one", note="strides default to the window"),
-      case("avg_k3s2_same_batch", avg, (3, 3), 2, "SAME", input="batch"),
-      case("avg_k3s2_same_nopad_batch", avg, (3, 3), 2, "SAME", count_include_pad=False,
+      case("avg_k2_one", call(avg, (2, 2)), input="one", note="strides default to the window"),
+      case("avg_k3s2_same_batch", call(avg, (3, 3), 2, "SAME"), input="batch"),
+      case("avg_k3s2_same_nopad_batch", call(avg, (3, 3), 2, "SAME", count_include_pad=False),
            input="batch"),
-      case("avg_k3s2p1_ceil_asym", avg, (3, 3), 2, 1, ceil_mode=True, input="asym"),
-      case("avg_k3s2p1_ceil_nopad_asym", avg, (3, 3), 2, 1, ceil_mode=True,
-           count_include_pad=False, input="asym"),
-      case("avg_k3s1p1_ints", avg, (3, 3), 1, 1, input="ints", tolerance="exact_sum"),
-      case("avg_k2_div3_ints", avg, (2, 2), divisor_override=3, input="ints",
+      case("avg_k3s2p1_ceil_asym", call(avg, (3, 3), 2, 1, ceil_mode=True), input="asym"),
+      case("avg_k3s2p1_ceil_nopad_asym",
+           call(avg, (3, 3), 2, 1, ceil_mode=True, count_include_pad=False), input="asym"),
+      case("avg_k3s1p1_ints", call(avg, (3, 3), 1, 1), input="ints", tolerance="exact_sum"),
+      case("avg_k2_div3_ints", call(avg, (2, 2), divisor_override=3), input="ints",
            tolerance="exact_sum"),
-      case("avg_k23_s12_pairs_unbatched", avg, (2, 3), (1, 2), ((1, 0), (0, 1)), in_features=2,
-           input="unbatched"),
-      case("avg_1d_k3s2p1_nopad_seq", avg, 3, 2, 1, count_include_pad=False, input="seq"),
-      case("avg_3d_k2s1_vol", avg, (2, 2, 2), 1, input="vol"),
-      case("avg_k3s2p1_bf16_batch", avg, (3, 3), 2, 1, input="batch", dtype="bfloat16"),
-      case("avg_k2_f16_batch", avg, (2, 2), input="batch", dtype="float16"),
-      case("avg_k2s1_same_zeros", avg, (2, 2), 1, "SAME", input="zeros", tolerance="exact_sum"),
-      case("avg_k2s1_extreme", avg, (2, 2), 1, input="extreme", tolerance="window_rel"),
-      case("avg_k2_nonfinite", avg, (2, 2), input="nonfinite",
+      case("avg_k23_s12_pairs_unbatched",
+           call(avg, (2, 3), (1, 2), ((1, 0), (0, 1)), in_features=2), input="unbatched"),
+      case("avg_1d_k3s2p1_nopad_seq", call(avg, 3, 2, 1, count_include_pad=False), input="seq"),
+      case("avg_3d_k2s1_vol", call(avg, (2, 2, 2), 1), input="vol"),
+      case("avg_k3s2p1_bf16_batch", call(avg, (3, 3), 2, 1), input="batch", dtype="bfloat16"),
+      case("avg_k2_f16_batch", call(avg, (2, 2)), input="batch", dtype="float16"),
+      case("avg_k2s1_same_zeros", call(avg, (2, 2), 1, "SAME"), input="zeros",
+           tolerance="exact_sum"),
+      case("avg_k2s1_extreme", call(avg, (2, 2), 1), input="extreme", tolerance="window_rel"),
+      case("avg_k2_nonfinite", call(avg, (2, 2)), input="nonfinite",
            note="NaN and inf propagate; inf + -inf in one window gives NaN"),
-      case("avg_bad_rank", avg, (2, 2), input="bad_rank", raises=_CHANNELS_LAST),
+      case("avg_bad_rank", call(avg, (2, 2)), input="bad_rank", raises=_CHANNELS_LAST),
   ]
 
 
-def _lp_cases(pool: ModuleType) -> list[Case]:
-  lp = pool.LPPool
+def _lp_cases() -> list[Case]:
+  lp = LPPool
   return [
-      case("lp2_k2_batch", lp, 2, (2, 2), input="batch"),
-      case("lp3_k3s2_ceil_positive", lp, 3, (3, 3), 2, ceil_mode=True, input="positive",
+      case("lp2_k2_batch", call(lp, 2, (2, 2)), input="batch"),
+      case("lp3_k3s2_ceil_positive", call(lp, 3, (3, 3), 2, ceil_mode=True), input="positive",
            note="odd power: positive inputs (negative sums give NaN, as PyTorch)"),
-      case("lp1.5_k2s1_positive", lp, 1.5, (2, 2), 1, input="positive"),
-      case("lp2_1d_k3s2_seq", lp, 2, 3, 2, input="seq"),
-      case("lp2_3d_k2_vol", lp, 2, (2, 2, 2), input="vol"),
-      case("lp2_k33s3_unbatched", lp, 2, (3, 3), 3, in_features=2, input="unbatched"),
-      case("lp2_k2_bf16_batch", lp, 2, (2, 2), input="batch", dtype="bfloat16"),
-      case("lp2_k2_nonfinite", lp, 2, (2, 2), input="nonfinite", grad=False,
+      case("lp1.5_k2s1_positive", call(lp, 1.5, (2, 2), 1), input="positive"),
+      case("lp2_1d_k3s2_seq", call(lp, 2, 3, 2), input="seq"),
+      case("lp2_3d_k2_vol", call(lp, 2, (2, 2, 2)), input="vol"),
+      case("lp2_k33s3_unbatched", call(lp, 2, (3, 3), 3, in_features=2), input="unbatched"),
+      case("lp2_k2_bf16_batch", call(lp, 2, (2, 2)), input="batch", dtype="bfloat16"),
+      case("lp2_k2_nonfinite", call(lp, 2, (2, 2)), input="nonfinite", grad=False,
            note=_NO_GRAD_NONFINITE),
-      case("lp2_bad_rank", lp, 2, (2, 2), input="bad_rank", raises=_CHANNELS_LAST),
+      case("lp2_bad_rank", call(lp, 2, (2, 2)), input="bad_rank", raises=_CHANNELS_LAST),
   ]
 
 
-def _global_cases(pool: ModuleType) -> list[Case]:
-  gap, gmp = pool.GlobalAvgPool, pool.GlobalMaxPool
+def _global_cases() -> list[Case]:
+  gap, gmp = GlobalAvgPool, GlobalMaxPool
   return [
-      case("global_avg_batch", gap, input="batch", tolerance="global"),
-      case("global_avg_keepdims_bf16_batch", gap, keepdims=True, input="batch", dtype="bfloat16",
+      case("global_avg_batch", call(gap), input="batch", tolerance="global"),
+      case("global_avg_keepdims_bf16_batch", call(gap, keepdims=True), input="batch",
+           dtype="bfloat16", tolerance="global"),
+      case("global_avg_1d_seq", call(gap, num_spatial_dims=1, in_features=3), input="seq",
            tolerance="global"),
-      case("global_avg_1d_seq", gap, num_spatial_dims=1, in_features=3, input="seq",
-           tolerance="global"),
-      case("global_avg_3d_vol", gap, num_spatial_dims=3, input="vol", tolerance="global"),
-      case("global_avg_unbatched", gap, input="unbatched", tolerance="global"),
-      case("global_avg_ints", gap, input="ints", tolerance="exact_sum",
+      case("global_avg_3d_vol", call(gap, num_spatial_dims=3), input="vol", tolerance="global"),
+      case("global_avg_unbatched", call(gap), input="unbatched", tolerance="global"),
+      case("global_avg_ints", call(gap), input="ints", tolerance="exact_sum",
            note="integer-valued maps give bit-exact means"),
-      case("global_avg_bad_rank", gap, input="bad_rank", raises=_CHANNELS_LAST),
-      case("global_max_batch", gmp, input="batch", tolerance="select"),
-      case("global_max_keepdims_int8_ints", gmp, keepdims=True, input="ints", dtype="int8",
+      case("global_avg_bad_rank", call(gap), input="bad_rank", raises=_CHANNELS_LAST),
+      case("global_max_batch", call(gmp), input="batch", tolerance="select"),
+      case("global_max_keepdims_int8_ints", call(gmp, keepdims=True), input="ints", dtype="int8",
            tolerance="select"),
-      case("global_max_ties_zeros", gmp, input="zeros", tolerance="select_ties"),
-      case("global_max_nonfinite", gmp, input="nonfinite", tolerance="select"),
-      case("global_max_nchw", gmp, in_features=2, input="nchw", tolerance="select",
+      case("global_max_ties_zeros", call(gmp), input="zeros", tolerance="select_ties"),
+      case("global_max_nonfinite", call(gmp), input="nonfinite", tolerance="select"),
+      case("global_max_nchw", call(gmp, in_features=2), input="nchw", tolerance="select",
            raises=_CHANNELS_FIRST),
   ]
 
 
-def _adaptive_cases(pool: ModuleType) -> list[Case]:
-  aap, amp = pool.AdaptiveAvgPool, pool.AdaptiveMaxPool
+def _adaptive_cases() -> list[Case]:
+  aap, amp = AdaptiveAvgPool, AdaptiveMaxPool
   # Bins stay within 3x3 cells (5->3 and 7->4 give bins of 2-3), so "window" tolerances hold.
   return [
-      case("adaptive_avg_34_asym", aap, (3, 4), input="asym"),
-      case("adaptive_avg_up_79_asym", aap, (7, 9), input="asym",
+      case("adaptive_avg_34_asym", call(aap, (3, 4)), input="asym"),
+      case("adaptive_avg_up_79_asym", call(aap, (7, 9)), input="asym",
            note="output larger than the input: overlapping one- and two-cell bins"),
-      case("adaptive_avg_none3_asym", aap, (None, 3), input="asym"),
-      case("adaptive_avg_1d_seq", aap, (4,), input="seq"),
-      case("adaptive_avg_3d_vol", aap, 2, num_spatial_dims=3, input="vol"),
-      case("adaptive_avg_bf16_batch", aap, (4, 4), input="batch", dtype="bfloat16"),
-      case("adaptive_avg_34_ints", aap, (3, 4), input="ints", tolerance="exact_sum"),
-      case("adaptive_avg_unbatched", aap, 3, in_features=2, input="unbatched"),
-      case("adaptive_avg_bad_rank", aap, (2, 2), input="bad_rank", raises=_CHANNELS_LAST),
-      case("adaptive_max_34_indices_asym", amp, (3, 4), return_indices=True, input="asym",
+      case("adaptive_avg_none3_asym", call(aap, (None, 3)), input="asym"),
+      case("adaptive_avg_1d_seq", call(aap, (4,)), input="seq"),
+      case("adaptive_avg_3d_vol", call(aap, 2, num_spatial_dims=3), input="vol"),
+      case("adaptive_avg_bf16_batch", call(aap, (4, 4)), input="batch", dtype="bfloat16"),
+      case("adaptive_avg_34_ints", call(aap, (3, 4)), input="ints", tolerance="exact_sum"),
+      case("adaptive_avg_unbatched", call(aap, 3, in_features=2), input="unbatched"),
+      case("adaptive_avg_bad_rank", call(aap, (2, 2)), input="bad_rank", raises=_CHANNELS_LAST),
+      case("adaptive_max_34_indices_asym", call(amp, (3, 4), return_indices=True), input="asym",
            tolerance="select", indices=True),
-      case("adaptive_max_up_79_asym", amp, (7, 9), input="asym", tolerance="select"),
-      case("adaptive_max_indices_nonfinite", amp, (2, 2), return_indices=True, input="nonfinite",
-           tolerance="select", indices=True),
-      case("adaptive_max_indices_int32_ints", amp, (4, 4), return_indices=True, input="ints",
+      case("adaptive_max_up_79_asym", call(amp, (7, 9)), input="asym", tolerance="select"),
+      case("adaptive_max_indices_nonfinite", call(amp, (2, 2), return_indices=True),
+           input="nonfinite", tolerance="select", indices=True),
+      case("adaptive_max_indices_int32_ints", call(amp, (4, 4), return_indices=True), input="ints",
            dtype="int32", tolerance="select", indices=True),
-      case("adaptive_max_ties_zeros", amp, (3, 3), return_indices=True, input="zeros",
+      case("adaptive_max_ties_zeros", call(amp, (3, 3), return_indices=True), input="zeros",
            tolerance="select_ties", indices=True),
-      case("adaptive_max_bf16_one", amp, (3, 4), input="one", dtype="bfloat16",
+      case("adaptive_max_bf16_one", call(amp, (3, 4)), input="one", dtype="bfloat16",
            tolerance="select"),
-      case("adaptive_max_bad_rank", amp, (2, 2), input="bad_rank", tolerance="select",
+      case("adaptive_max_bad_rank", call(amp, (2, 2)), input="bad_rank", tolerance="select",
            raises=_CHANNELS_LAST),
   ]
 
 
-def _select_adaptive_cases(pool: ModuleType) -> list[Case]:
-  sap = pool.SelectAdaptivePool
+def _select_adaptive_cases() -> list[Case]:
+  sap = SelectAdaptivePool
   return [
-      case("select_avg_batch", sap, input="batch", tolerance="global"),
-      case("select_max_flatten_batch", sap, pool_type="max", flatten=True, input="batch",
+      case("select_avg_batch", call(sap), input="batch", tolerance="global"),
+      case("select_max_flatten_batch", call(sap, pool_type="max", flatten=True), input="batch",
            tolerance="select"),
-      case("select_avgmax_batch", sap, pool_type="avgmax", input="batch", tolerance="global"),
-      case("select_catavgmax_flatten_asym", sap, 1, pool_type="catavgmax", flatten=True,
+      case("select_avgmax_batch", call(sap, pool_type="avgmax"), input="batch", tolerance="global"),
+      case("select_catavgmax_flatten_asym", call(sap, 1, pool_type="catavgmax", flatten=True),
            input="asym", tolerance="global"),
-      case("select_avg_23_asym", sap, (2, 3), input="asym"),
-      case("select_bad_rank", sap, input="bad_rank", raises=_CHANNELS_LAST),
+      case("select_avg_23_asym", call(sap, (2, 3)), input="asym"),
+      case("select_bad_rank", call(sap), input="bad_rank", raises=_CHANNELS_LAST),
   ]
 
 
@@ -342,8 +390,8 @@ def _bad_indices(unpool_cls: Any, window: tuple) -> Callable[[Any], Any]:
   return unpool_with_own_indices
 
 
-def _unpool_cases(pool: ModuleType) -> list[Case]:
-  mp, mu = pool.MaxPool, pool.MaxUnpool
+def _unpool_cases() -> list[Case]:
+  mp, mu = MaxPool, MaxUnpool
 
   def chain(name: str, pool_args: tuple, unpool_args: tuple, input: str, **fields) -> Case:
     options = fields.pop("options", {})
@@ -388,49 +436,26 @@ def _eval_mode(cls: Any) -> Callable[..., Any]:
   return build
 
 
-def _gate_cases(pool: ModuleType) -> list[Case]:
+def _gate_cases() -> list[Case]:
   gate = dict(input="gate_map", tolerance="gate", params=True)
   return [
-      case("se_gate_map", pool.SqueezeExcitation, 8, **gate),
-      case("se_s4_hardsigmoid_map", pool.SqueezeExcitation, 8, 4, gate=pool.hard_sigmoid,
+      case("se_gate_map", call(SqueezeExcitation, 8), **gate),
+      case("se_s4_hardsigmoid_map", call(SqueezeExcitation, 8, 4, gate=hard_sigmoid),
            **gate),
-      case("se_nobias_unbatched", pool.SqueezeExcitation, 8, 2, use_bias=False,
+      case("se_nobias_unbatched", call(SqueezeExcitation, 8, 2, use_bias=False),
            input="gate_map_unbatched", tolerance="gate", params=True),
-      case("ese_gate_map", pool.EffectiveSqueezeExcitation, 8, **gate),
-      case("eca_gate_map", pool.EfficientChannelAttention, 8, **gate),
-      case("eca_k5_gate_map", pool.EfficientChannelAttention, 8, 5, **gate),
-      case("cbam_eval_gate_map", _eval_mode(pool.CBAM), 8, 2, **gate),
-      case("se_nchw", pool.SqueezeExcitation, 8, input="nchw_gate", params=True, grad=False,
+      case("ese_gate_map", call(EffectiveSqueezeExcitation, 8), **gate),
+      case("eca_gate_map", call(EfficientChannelAttention, 8), **gate),
+      case("eca_k5_gate_map", call(EfficientChannelAttention, 8, 5), **gate),
+      case("cbam_eval_gate_map", call(_eval_mode(CBAM), 8, 2), **gate),
+      case("se_nchw", call(SqueezeExcitation, 8), input="nchw_gate", params=True, grad=False,
            raises=_CHANNELS_FIRST, tolerance="select"),
   ]
 
 
-@dataclasses.dataclass(frozen=True)
-class CaseBuilder:
-  """Builds the cases of one module family, when ``nnx_pool`` has every name it needs.
-
-  Attributes:
-    requires: the ``nnx_pool`` attributes the builder uses.
-    build: a function of the ``nnx_pool`` module returning cases.
-  """
-
-  requires: tuple[str, ...]
-  build: Callable[[ModuleType], list[Case]]
-
-
-BUILDERS: tuple[CaseBuilder, ...] = (
-    CaseBuilder(("MaxPool",), _max_cases),
-    CaseBuilder(("MinPool",), _min_cases),
-    CaseBuilder(("AvgPool",), _avg_cases),
-    CaseBuilder(("LPPool",), _lp_cases),
-    CaseBuilder(("GlobalAvgPool", "GlobalMaxPool"), _global_cases),
-    CaseBuilder(("AdaptiveAvgPool", "AdaptiveMaxPool"), _adaptive_cases),
-    CaseBuilder(("SelectAdaptivePool",), _select_adaptive_cases),
-    CaseBuilder(("MaxPool", "MaxUnpool"), _unpool_cases),
-    CaseBuilder(
-        ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM"),
-        _gate_cases,
-    ),
+BUILDERS: tuple[Callable[[], list[Case]], ...] = (
+    _max_cases, _min_cases, _avg_cases, _lp_cases, _global_cases, _adaptive_cases,
+    _select_adaptive_cases, _unpool_cases, _gate_cases,
 )
 
 
@@ -447,59 +472,44 @@ class Batch:
   notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def build_cases(package: ModuleType, builders: Sequence[CaseBuilder] = BUILDERS) -> Batch:
-  """Runs every builder whose names ``package`` has.
+def build_cases(builders: Sequence[Callable[[], list[Case]]] = BUILDERS) -> Batch:
+  """Runs every builder and checks the batch covers every public module.
 
   Args:
-    package: the module holding the public classes (``nnx_pool``).
-    builders: the builders to run (default :data:`BUILDERS`).
+    builders: the case builders (default :data:`BUILDERS`).
 
   Returns:
-    A :class:`Batch`.
+    A :class:`Batch`; its notes name public modules that no case covers.
+
+  Raises:
+    ValueError: two cases share a name.
   """
-  cases: list[Case] = []
-  notes: list[str] = []
-  covered: set[str] = set()
-  for builder in builders:
-    missing = [name for name in builder.requires if not hasattr(package, name)]
-    if missing:
-      notes.append(f"skipped (not in {package.__name__} yet): {', '.join(missing)}")
-      continue
-    covered.update(builder.requires)
-    cases.extend(builder.build(package))
+  cases = [c for builder in builders for c in builder()]
   seen: set[str] = set()
   for c in cases:
     if c.name in seen:
       raise ValueError(f"case name {c.name!r} is used twice; case names must be unique.")
     seen.add(c.name)
-  uncovered = sorted(set(_public_modules(package)) - covered)
-  if uncovered:
-    notes.append(f"public modules with no regression cases: {', '.join(uncovered)}")
+  covered = {c.module for c in cases}
+  uncovered = sorted(set(public_modules()) - covered)
+  notes = [f"public modules with no regression cases: {', '.join(uncovered)}"] if uncovered else []
   return Batch(cases=cases, notes=notes)
 
 
-def _public_modules(package: ModuleType) -> list[str]:
-  try:
-    from flax import nnx
-  except ImportError:  # pragma: no cover - flax is a dependency
-    return []
-  names = getattr(package, "__all__", [])
+def public_modules() -> list[str]:
+  """The ``nnx.Module`` classes ``nnx_pool`` exports."""
   return [
-      n for n in names
-      if isinstance(getattr(package, n, None), type) and issubclass(getattr(package, n), nnx.Module)
+      n for n in nnx_pool.__all__
+      if isinstance(getattr(nnx_pool, n), type) and issubclass(getattr(nnx_pool, n), nnx.Module)
   ]
 
 
-def load_batch(package_name: str = "nnx_pool") -> Batch:
-  """Imports ``nnx_pool`` and builds the canonical batch.
+def load_batch() -> Batch:
+  """The canonical batch over ``nnx_pool``.
 
-  If the package does not import, the batch is empty and the note says why.
+  An import or build failure propagates (the CLI prints its traceback and exits 2).
   """
-  try:
-    package = importlib.import_module(package_name)
-  except Exception as e:  # noqa: BLE001 - reported, not hidden
-    return Batch(cases=[], notes=[f"{package_name} does not import: {type(e).__name__}: {e}"])
-  return build_cases(package)
+  return build_cases()
 
 
 def select(cases: Sequence[Case], pattern: str | None) -> list[Case]:
