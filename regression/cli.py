@@ -2,23 +2,31 @@
 
 Commands:
 
-* ``check [--baseline DIR] [--json OUT] [-k PATTERN] [--dry-run] [--devices N
-  [--axis-types explicit|auto]]``: runs the batch after JIT warmup and
-  compares it with the baseline (default: the shipped ``regression/baseline/``).
+* ``check [--baseline DIR] [--json OUT] [--timing] [-k PATTERN] [--dry-run]
+  [--devices N [--axis-types explicit|auto]]``: runs the batch after JIT warmup
+  and compares it with the baseline (default: the shipped one). ``--timing``
+  lists every case whose timing moved; by default the report gives totals and
+  at most the largest mover.
   With ``--devices N`` the batch runs sharded over N devices (simulated CPU
   devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before
   JAX initialises, re-running the command in a fresh interpreter when this one
   already initialised JAX) and is compared with the same baseline.
 * ``record [--out DIR] [--force] [--json OUT]``: runs the batch and writes a
-  baseline atomically (default ``--out``: the shipped baseline).
+  baseline atomically. Without ``--out`` it re-records the shipped baseline,
+  and only in a source checkout: an installed package is never written.
 * ``diff A B [--json OUT]``: compares two recorded baselines.
 * ``info [--json OUT]``: prints the current environment stamp.
 
 Exit codes: 0 everything passed; 1 a number moved, an error case stopped
 raising, a case failed to run, or the baseline is out of date (NEW, GONE,
-STALE cases); 2 the baseline is missing, damaged, of a newer format, or may
-not be written (including a full disk), or too few devices, with a one-line
+STALE cases); 2 the batch could not be imported or built (with its
+traceback), the baseline is missing, damaged, of a newer format, or may not
+be written (including a full disk), or too few devices, with a one-line
 reason on stderr.
+
+The batch (and with it ``nnx_pool`` and JAX) is imported inside :func:`main`,
+so that a failure to import it is reported with exit code 2, not mistaken
+for a number that moved.
 """
 
 from __future__ import annotations
@@ -27,19 +35,18 @@ import argparse
 import os
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from typing import Any
 
-from nnx_pool.regression import commands
-from nnx_pool.regression.batch import Batch, load_batch
 from nnx_pool.regression.report import Report, render, write_json
+from nnx_pool.regression.stamp import SHIPPED, source_checkout
 
-BatchFactory = Callable[[], Batch]
+BatchFactory = Callable[[], Any]
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 # Set in the fresh interpreter that `--devices` starts, so it never starts another.
 _CHILD_ENV = "NNX_POOL_REGRESSION_DEVICES_CHILD"
-_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _positive_int(text: str) -> int:
@@ -63,8 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
 
   p = sub.add_parser("check", help="compare the batch with a baseline")
-  p.add_argument("--baseline", metavar="DIR", default=str(commands.SHIPPED),
-                 help="baseline directory (default: the shipped regression/baseline)")
+  p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
+                 help="baseline directory (default: the shipped baseline)")
   p.add_argument("-k", dest="pattern", metavar="PATTERN",
                  help="only cases whose name contains PATTERN or matches it as a glob")
   p.add_argument("--dry-run", action="store_true", help="report drift but exit 0")
@@ -72,11 +79,13 @@ def _parser() -> argparse.ArgumentParser:
                  help="run the batch sharded over N (simulated CPU) devices")
   p.add_argument("--axis-types", choices=("explicit", "auto"), default="explicit",
                  help="the mesh's axis type with --devices (default: explicit, as jax.make_mesh)")
+  p.add_argument("--timing", action="store_true",
+                 help="list every case whose compile or steady time moved (never fails a check)")
   add_json(p)
 
   p = sub.add_parser("record", help="run the batch and write a baseline")
-  p.add_argument("--out", metavar="DIR", default=str(commands.SHIPPED),
-                 help="baseline directory (default: the shipped regression/baseline)")
+  p.add_argument("--out", metavar="DIR",
+                 help="baseline directory (default, in a source checkout only: the shipped one)")
   p.add_argument("--force", action="store_true", help="replace an existing baseline")
   add_json(p)
 
@@ -90,12 +99,27 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def run(args: argparse.Namespace, batch: BatchFactory) -> Report:
-  """Runs the parsed command and returns its report."""
+def run(args: argparse.Namespace, batch: BatchFactory | None = None) -> Report:
+  """Runs the parsed command and returns its report.
+
+  Raises:
+    Exception: whatever importing or building the batch raised; :func:`main`
+      turns it into exit code 2.
+  """
+  from nnx_pool.regression import commands  # imports JAX; see the module docstring
+
   if args.command == "info":
     return commands.info()
   if args.command == "diff":
     return commands.diff(args.a, args.b)
+  if args.command == "record" and args.out is None:
+    if source_checkout() is None:
+      return Report(command="record", exit_code=2, error=(
+          f"record: no --out given, and the shipped baseline lies in the installed package "
+          f"({SHIPPED}), which is never written; pass --out DIR to record your own baseline."))
+    args.out = str(SHIPPED)
+  if batch is None:
+    from nnx_pool.regression.batch import load_batch as batch
   loaded = batch()
   if args.command == "record":
     return commands.record(loaded.cases, args.out, force=args.force, notes=loaded.notes)
@@ -105,7 +129,7 @@ def run(args: argparse.Namespace, batch: BatchFactory) -> Report:
   )
 
 
-def _print(report: Report) -> None:
+def _print(report: Report, *, timing: bool, json_path: str | None) -> None:
   if report.command == "info":
     from nnx_pool.regression.stamp import format_stamp
 
@@ -114,7 +138,7 @@ def _print(report: Report) -> None:
   if report.error:
     print(f"error: {report.error}", file=sys.stderr)
     return
-  print(render(report))
+  print(render(report, timing=timing, json_path=json_path))
   if report.command == "record" and report.exit_code == 0:
     print(f"\nwrote baseline {report.baseline} ({len(report.rows)} cases)")
 
@@ -135,8 +159,14 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     code = _provide_devices(args.devices, argv, custom_batch=batch is not None)
     if code is not None:
       return code
-  report = run(args, batch or load_batch)
-  _print(report)
+  try:
+    report = run(args, batch)
+  except Exception:  # noqa: BLE001 - an import or build failure: shown whole, exit 2
+    traceback.print_exc()
+    print(f"error: {args.command}: the regression batch could not be imported or built (the "
+          "traceback above says why); nothing was compared.", file=sys.stderr)
+    return 2
+  _print(report, timing=getattr(args, "timing", False), json_path=args.json)
   if args.json:
     write_json(report, args.json)
   return report.exit_code
@@ -184,7 +214,6 @@ def _provide_devices(
     return 2
   env = {**os.environ, _CHILD_ENV: "1"}
   env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), devices)
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
   args = list(sys.argv[1:] if argv is None else argv)
   sys.stdout.flush()
   sys.stderr.flush()

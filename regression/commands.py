@@ -19,15 +19,15 @@ import numpy as np
 
 from nnx_pool.regression import store
 from nnx_pool.regression.batch import Case, matches, select
-from nnx_pool.regression.compare import Verdict, compare_arrays
+from nnx_pool.regression.compare import compare_arrays
 from nnx_pool.regression.report import FAILING, Report, Row, Timing, recorded_label
+from nnx_pool.regression.runner import compare_results, make_mesh, run_case
 from nnx_pool.regression.stamp import collect_stamp, stamp_changes
 from nnx_pool.regression.store import Baseline, BaselineError
 from nnx_pool.regression.tolerance import Tolerance, policy_table
 
 KIND = "batch"
 BATCH_AXIS = "batch"  # the mesh axis of sharded checks (nnx_pool.regression.runner.BATCH_AXIS)
-SHIPPED = Path(__file__).resolve().parent / "baseline"
 _INPUT_KEYS = ("input", "cotangent", "weights/")
 _CASE_FIELDS = ("declaration", "inputs", "results", "jit_eager_agree", "timing", "raises")
 
@@ -101,8 +101,6 @@ def record(
     refused the write, which leaves any previous baseline intact), 1 if a
     case failed (nothing is written then), else 0.
   """
-  from nnx_pool.regression.runner import run_case
-
   out = Path(out)
   report = Report(command="record", baseline=str(out), notes=list(notes))
   try:
@@ -218,8 +216,6 @@ def check(
     The report; exit code 2 for an unusable baseline or too few devices, 1
     for any failing row (0 with ``dry_run``), else 0.
   """
-  from nnx_pool.regression.runner import make_mesh, run_case
-
   report = Report(command="check", baseline=str(baseline), dry_run=dry_run, notes=list(notes))
   try:
     base = load(baseline)
@@ -236,6 +232,7 @@ def check(
   manifest = base.manifest
   report.recorded = recorded_label(manifest)
   report.stamp = collect_stamp()
+  report.baseline_stamp = manifest["stamp"]
   report.stamp_changes = stamp_changes(manifest["stamp"], report.stamp)
   entries = manifest["cases"]
   selected = select(cases, pattern)
@@ -280,25 +277,6 @@ def _platform(mesh: Any) -> str:
   return str(mesh.devices.flat[0].platform)
 
 
-def _compare_copies(key: str, actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
-                    copies: int) -> Verdict:
-  """Compares every copy of a sharded result with the baseline; the worst verdict wins."""
-  from nnx_pool.regression.runner import split_copies
-
-  verdicts = [compare_arrays(a, expected, tol) for a in split_copies(key, actual, copies)]
-  worst = Verdict(
-      all(v.passed for v in verdicts), max(v.max_abs for v in verdicts),
-      max(v.max_rel for v in verdicts), sum(v.mismatches for v in verdicts),
-      sum(v.size for v in verdicts),
-  )
-  failed = [(i, v) for i, v in enumerate(verdicts) if not v.passed]
-  if failed:
-    i, first = failed[0]
-    worst.message = first.message if len(verdicts) == 1 else (
-        f"{len(failed)} of {len(verdicts)} copies differ; copy {i}: {first.message}")
-  return worst
-
-
 def _declaration_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
   """What changed in a case's declaration; a reworded ``note`` is not a change."""
   return [
@@ -319,16 +297,11 @@ def _compare_run(
   if run.error:
     return Row(case.name, "ERROR", details=[run.error])
   row = Row(case.name, "PASS", 0.0, 0.0, _label(case, run.tolerances))
-  expected_keys = set(entry["results"])
-  for key in sorted(expected_keys | set(run.results)):
-    if key not in run.results:
-      row.details.append(f"{key}: in the baseline but no longer produced")
-      continue
-    if key not in expected_keys:
-      row.details.append(f"{key}: produced now but not in the baseline")
+  for key, verdict in compare_results(run, stored, entry["results"]).items():
+    if isinstance(verdict, str):
+      row.details.append(f"{key}: {verdict}")
       continue
     tol = run.tolerances[key]
-    verdict = _compare_copies(key, run.results[key], stored[key], tol, run.copies)
     row.arrays[key] = {**verdict.to_json(), "tolerance": tol.to_json()}
     row.max_abs = max(row.max_abs, verdict.max_abs)
     row.max_rel = max(row.max_rel, verdict.max_rel)
@@ -358,7 +331,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike) -> Report:
     report.exit_code, report.error = 2, str(e)
     return report
   report.recorded = recorded_label(base_a.manifest)
-  report.stamp_changes = stamp_changes(base_a.manifest["stamp"], base_b.manifest["stamp"])
+  report.baseline_stamp, report.stamp = base_a.manifest["stamp"], base_b.manifest["stamp"]
+  report.stamp_changes = stamp_changes(report.baseline_stamp, report.stamp)
   cases_a, cases_b = base_a.manifest["cases"], base_b.manifest["cases"]
   for name in sorted(set(cases_a) | set(cases_b)):
     if name not in cases_b:

@@ -13,7 +13,10 @@ fails, saying so. Later runs compile the call, warm it up, run it under
 tolerances (:mod:`nnx_pool.regression.tolerance`, kind ``"model"``; pass ``rtol``/``atol``
 to override), reporting a table and what changed in the environment. The
 module's ``nnx.Param`` weights and the inputs are stored too: if they changed
-(a new PRNG default, say), the failure says so.
+(a new PRNG default, say), the failure says so. A baseline whose floating
+outputs hold NaN or infinity is refused (``chex.assert_tree_all_finite``), as
+that is nearly always a bug being frozen in; pass ``allow_nonfinite=True`` when
+the non-finite values are the point.
 
 Options:
 
@@ -139,7 +142,7 @@ class Regression:
 
   def check(
       self, name: str, module_or_fn: Any, *inputs: Any,
-      rtol: float | None = None, atol: float | None = None,
+      rtol: float | None = None, atol: float | None = None, allow_nonfinite: bool = False,
   ) -> None:
     """Compares ``module_or_fn(*inputs)`` with the stored baseline ``name``.
 
@@ -150,10 +153,12 @@ class Regression:
       *inputs: the arrays to call it with.
       rtol: relative tolerance for floating outputs (default: per dtype).
       atol: absolute tolerance for floating outputs (default: per dtype).
+      allow_nonfinite: record a baseline whose outputs hold NaN or infinity
+        (default: refuse it, saying which output).
 
     Raises:
       ValueError: ``name`` is malformed or already used in this session.
-      TypeError: an input is not an array.
+      TypeError: an input is not an array, or ``allow_nonfinite`` is not a bool.
     """
     __tracebackhide__ = True
     if not isinstance(name, str) or not _NAME.match(name):
@@ -161,6 +166,8 @@ class Regression:
     for bound, label in ((rtol, "rtol"), (atol, "atol")):
       if bound is not None and not (isinstance(bound, (int, float)) and bound >= 0):
         raise ValueError(f"`{label}` must be a non-negative number or None; got {bound!r}.")
+    if not isinstance(allow_nonfinite, bool):
+      raise TypeError(f"`allow_nonfinite` must be a bool; got {allow_nonfinite!r}.")
     path = self.path_for(name)
     key = path.resolve()
     nodeid = self._request.node.nodeid
@@ -179,6 +186,13 @@ class Regression:
     run = _fixture_core.execute(module_or_fn, inputs, rtol=rtol, atol=atol)
     exists = (path / "manifest.json").exists()
     if self._state.update or not exists:
+      nonfinite = None if allow_nonfinite else _fixture_core.nonfinite_outputs(run)
+      if nonfinite:
+        pytest.fail(
+            f"nnx_regression: {name!r} was not recorded: its outputs are not all finite "
+            f"({nonfinite}). Fix the model, or pass allow_nonfinite=True if they should be.",
+            pytrace=False,
+        )
       _fixture_core.write(path, run, self._state.stamp, nodeid=nodeid, name=name)
       if exists:
         self._state.updated.append(path)

@@ -1,4 +1,11 @@
-"""Runs one case: jit and eager results, gradients for a fixed cotangent, timing.
+"""The run-and-compare pipeline, shared by the CLI's batch and the pytest fixture.
+
+:func:`evaluate` compiles a callable, warms it up, times it, and records its
+jit and eager results; :func:`settle` gives each result its tolerance and says
+whether jit and eager agree; :func:`compare_results` checks each result against
+a baseline's. :func:`run_case` runs one batch case through the first two, plus
+gradients for a fixed cotangent; ``nnx_pool.regression._fixture_core`` runs a
+user's module through the same three.
 
 Everything a case computes is returned as NumPy arrays keyed by role:
 
@@ -27,23 +34,25 @@ import dataclasses
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool.regression.batch import Case
+from nnx_pool.regression.compare import Verdict, compare_arrays
+from nnx_pool.regression.inputs import make_cotangent, make_input
+from nnx_pool.regression.tolerance import Tolerance, is_float, tolerance_for
+
+if TYPE_CHECKING:  # the fixture runs users' modules without importing the batch
+  from nnx_pool.regression.batch import Case
 
 BATCH_AXIS = "batch"
 AXIS_TYPES = ("explicit", "auto")
 # Inputs without a batch axis (see nnx_pool.regression.inputs.INPUTS): never repeated.
 UNBATCHED_INPUTS = frozenset({"unbatched"})
-from nnx_pool.regression.compare import compare_arrays
-from nnx_pool.regression.inputs import make_cotangent, make_input
-from nnx_pool.regression.tolerance import Tolerance, is_float, tolerance_for
 
 Apply = Callable[..., Any]
 
@@ -188,6 +197,84 @@ def compile_and_time(
   return out, compile_s, statistics.median(times)
 
 
+def eager_key(key: str) -> str:
+  """The key of the eager twin of a jit result (``output/0`` -> ``output_eager/0``)."""
+  head, sep, rest = key.partition("/")
+  return f"{head}_eager{sep}{rest}"
+
+
+def evaluate(
+    run: Execution, apply: Apply, args: tuple, name_outputs: Callable[[Any], Mapping[str, Any]],
+    *, reps: int = 20,
+) -> None:
+  """Fills ``run`` with the jit results (compiled, warmed up, timed) and the eager ones.
+
+  Args:
+    run: where results and timings go.
+    apply: the function; ``args`` are its arguments, already on the device.
+    name_outputs: splits an output into named arrays (``{"output": ..., "indices": ...}``).
+    reps: the most timed steady-state calls.
+  """
+  out_jit, run.compile_s, run.steady_s = compile_and_time(apply, args, reps=reps)
+  out_eager = apply(*args)
+  for key, value in name_outputs(out_jit).items():
+    run.results[key] = to_numpy(value)
+  for key, value in name_outputs(out_eager).items():
+    run.results[eager_key(key)] = to_numpy(value)
+
+
+def settle(run: Execution, tolerance: Callable[[str, np.dtype], Tolerance]) -> None:
+  """Gives every result its tolerance, then says whether jit and eager results agree."""
+  run.tolerances = {key: tolerance(key, value.dtype) for key, value in run.results.items()}
+  run.jit_eager_agree = all(
+      compare_arrays(run.results[eager_key(key)], value, run.tolerances[key]).passed
+      for key, value in run.results.items() if eager_key(key) in run.results
+  )
+
+
+def compare_results(
+    run: Execution, expected: Mapping[str, np.ndarray], keys: Collection[str]
+) -> dict[str, Verdict | str]:
+  """Checks each result of ``run`` against the baseline's array of the same key.
+
+  Args:
+    run: a settled run (:func:`settle`).
+    expected: the baseline's arrays by key.
+    keys: the result keys the baseline holds.
+
+  Returns:
+    For every key in either, its :class:`Verdict` (the worst over the copies
+    of a sharded run), or why it could not be compared.
+  """
+  out: dict[str, Verdict | str] = {}
+  for key in sorted(set(keys) | set(run.results)):
+    if key not in run.results:
+      out[key] = "in the baseline but no longer produced"
+    elif key not in keys:
+      out[key] = "produced now but not in the baseline"
+    else:
+      out[key] = _compare_copies(key, run.results[key], expected[key], run.tolerances[key],
+                                 run.copies)
+  return out
+
+
+def _compare_copies(key: str, actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
+                    copies: int) -> Verdict:
+  """Compares every copy of a sharded result with the baseline; the worst verdict wins."""
+  verdicts = [compare_arrays(a, expected, tol) for a in split_copies(key, actual, copies)]
+  worst = Verdict(
+      all(v.passed for v in verdicts), max(v.max_abs for v in verdicts),
+      max(v.max_rel for v in verdicts), sum(v.mismatches for v in verdicts),
+      sum(v.size for v in verdicts),
+  )
+  failed = [(i, v) for i, v in enumerate(verdicts) if not v.passed]
+  if failed:
+    i, first = failed[0]
+    worst.message = first.message if len(verdicts) == 1 else (
+        f"{len(failed)} of {len(verdicts)} copies differ; copy {i}: {first.message}")
+  return worst
+
+
 def make_mesh(devices: int, axis_types: str = "explicit") -> Any:
   """A one-axis mesh (``"batch"``) over the first ``devices`` devices of the default backend.
 
@@ -326,22 +413,10 @@ def _run(
   if case.raises is not None:
     _expect_raise(case, apply, params, x, run)
     return
-  out_jit, run.compile_s, run.steady_s = compile_and_time(apply, (params, x), reps=reps)
-  out_eager = apply(params, x)
-  for key, value in _split_output(case, out_jit).items():
-    run.results[key] = to_numpy(value)
-  for key, value in _split_output(case, out_eager).items():
-    run.results[f"{key}_eager"] = to_numpy(value)
+  evaluate(run, apply, (params, x), lambda out: _split_output(case, out), reps=reps)
   if case.grad and is_float(x_np.dtype):
     _gradients(case, apply, params, x, stored, run, mesh)
-  for key, value in run.results.items():
-    run.tolerances[key] = tolerance_for(case.tolerance, role_of(key), value.dtype)
-  agree = True
-  for key in ("output", "indices"):
-    if key in run.results:
-      verdict = compare_arrays(run.results[f"{key}_eager"], run.results[key], run.tolerances[key])
-      agree = agree and verdict.passed
-  run.jit_eager_agree = agree
+  settle(run, lambda key, dtype: tolerance_for(case.tolerance, role_of(key), dtype))
 
 
 def _gradients(

@@ -2,8 +2,11 @@
 
 A stamp records package versions, the JAX backend, the JAX configuration that
 changes numerics, every ``JAX_*``/``XLA_*`` environment variable, the date and
-the git revision. :func:`stamp_changes` lists what differs between two stamps
-in a form a report can print next to the numeric drift (``jax 0.9.2 -> 0.10.2``).
+the git revision. :func:`stamp_header` is the one line a report prints for
+each side before its table; :func:`stamp_changes` lists what differs between
+two stamps in a form a report can print next to the numeric drift
+(``jax 0.9.2 -> 0.10.2``). A value that cannot be known (None: the git revision
+of an installed package, say) is shown as ``unknown`` and is never a change.
 """
 
 from __future__ import annotations
@@ -31,7 +34,21 @@ _PACKAGES = (
 )
 _CONFIG = ("jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable")
 _ENV_PREFIXES = ("JAX_", "XLA_")
-_REPO = Path(__file__).resolve().parent.parent
+# The baseline shipped with the package (regression/baseline/ in the repository).
+SHIPPED = Path(__file__).resolve().parent / "baseline"
+UNKNOWN = "unknown"
+
+
+def source_checkout() -> Path | None:
+  """The repository root when the kit runs from a source checkout, else None.
+
+  Installed from a wheel, the kit lies at ``site-packages/nnx_pool/regression``
+  and there is no checkout: its git revision is unknown, and ``record`` does not
+  write the shipped baseline.
+  """
+  root = Path(__file__).resolve().parent.parent
+  markers = (root / "pyproject.toml", root / "nnx_pool" / "__init__.py", root / "regression")
+  return root if all(m.exists() for m in markers) else None
 
 
 def _version(dist: str, module: str) -> str:
@@ -56,9 +73,14 @@ def _git(where: Path, *args: str) -> str | None:
 
 
 def git_revision(where: str | os.PathLike | None = None) -> dict[str, Any]:
-  """The git commit of the checkout at ``where`` (default: this package's), and if it is dirty."""
-  where = Path(where) if where is not None else _REPO
-  rev = _git(where, "rev-parse", "HEAD")
+  """The git commit of the checkout at ``where``, and if it is dirty.
+
+  Args:
+    where: a directory in a checkout (default: this package's source
+      checkout; None values, unknown, for an installed package).
+  """
+  where = Path(where) if where is not None else source_checkout()
+  rev = _git(where, "rev-parse", "HEAD") if where is not None else None
   if rev is None:
     return {"revision": None, "dirty": None}
   status = _git(where, "status", "--porcelain", "--untracked-files=no")
@@ -124,8 +146,8 @@ def _label(section: str, key: str) -> str:
 
 
 def _show(section: str, key: str, value: Any) -> str:
-  if value is None and section == "env":
-    return "unset"
+  if value is None:
+    return "unset" if section == "env" else UNKNOWN
   if section == "git" and key == "revision" and isinstance(value, str):
     return value[:12]
   return str(value)
@@ -133,6 +155,9 @@ def _show(section: str, key: str, value: Any) -> str:
 
 def stamp_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   """Lists what differs between two stamps, one line each, dates excluded.
+
+  An environment variable that is set on one side only is a change; any other
+  value that one side could not know (None) is not.
 
   Args:
     old: the baseline's stamp.
@@ -144,7 +169,8 @@ def stamp_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   a, b = _flat(old), _flat(new)
   lines = []
   for key in sorted(set(a) | set(b), key=lambda k: (_order(k[0]), k[1])):
-    if a.get(key) != b.get(key):
+    unknown = key[0] != "env" and (a.get(key) is None or b.get(key) is None)
+    if a.get(key) != b.get(key) and not unknown:
       section, name = key
       lines.append(
           f"{_label(section, name)} {_show(section, name, a.get(key))} -> "
@@ -157,6 +183,25 @@ def _order(section: str) -> int:
   return ("versions", "backend", "config", "env", "git").index(section)
 
 
+# What a report's header names for each side, in order.
+_HEADER = ("python", "numpy", "jax", "jaxlib", "flax")
+
+
+def stamp_header(stamp: Mapping[str, Any]) -> str:
+  """One line naming the versions and the device a stamp was taken on.
+
+  ``python 3.11.7, numpy 2.4.6, jax 0.10.2, jaxlib 0.10.2, flax 0.12.8, cpu (cpu),
+  git eb143693f648`` (``unknown`` for what the stamp lacks).
+  """
+  versions = stamp.get("versions") or {}
+  backend = stamp.get("backend") or {}
+  git = (stamp.get("git") or {}).get("revision")
+  parts = [f"{name} {versions.get(name) or UNKNOWN}" for name in _HEADER]
+  parts.append(f"{backend.get('platform') or UNKNOWN} ({backend.get('device_kind') or UNKNOWN})")
+  parts.append(f"git {git[:12] if isinstance(git, str) else UNKNOWN}")
+  return ", ".join(parts)
+
+
 def format_stamp(stamp: Mapping[str, Any]) -> str:
   """Renders a stamp as aligned ``key: value`` lines for ``info``."""
   lines = []
@@ -166,6 +211,6 @@ def format_stamp(stamp: Mapping[str, Any]) -> str:
     if not values:
       lines.append("  (none)")
     for key, value in values.items():
-      lines.append(f"  {key:<30} {value}")
+      lines.append(f"  {key:<30} {UNKNOWN if value is None and section != 'env' else value}")
   lines.append(f"date: {stamp.get('date')}")
   return "\n".join(lines)

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_pool.regression import cli, commands, store
+from nnx_pool.regression import cli, commands, stamp, store
 from nnx_pool.regression.batch import Batch, Case, ErrorSpec
+from nnx_pool.regression.report import Report
 
 FAST = 3  # timed steady-state calls per case in these tests
 
@@ -80,6 +81,13 @@ def baseline(recorded, tmp_path) -> Path:
   return out
 
 
+def _table(out: str) -> list[str]:
+  """The report's table: from its header line on (the stamp headers come before it)."""
+  lines = out.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith("case "))
+  return lines[start:]
+
+
 def _snapshot(path: Path) -> dict:
   return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
@@ -101,8 +109,19 @@ def test_cli_check_passes_against_its_own_recording(baseline, capsys, tmp_path):
   code = _main(["check", "--baseline", str(baseline), "--json", str(tmp_path / "r.json")])
   out = capsys.readouterr().out
   assert code == 0, out
-  assert out.splitlines()[0].split() == ["case", "max", "abs", "err", "max", "rel", "err",
-                                         "tolerance", "status"]
+  lines = out.splitlines()
+  # One header for this run, one for the baseline, then the table (this stand-in
+  # baseline was recorded by this very environment, so both name the same versions).
+  run, base = lines[0], lines[1]
+  versions = stamp.collect_stamp()["versions"]
+  for name in ("python", "numpy", "jax", "jaxlib", "flax"):
+    assert f"{name} {versions[name]}," in run and f"{name} {versions[name]}," in base
+  assert run.startswith("this run: ") and base.startswith("baseline: ")
+  assert "cpu (cpu)" in run and "cpu (cpu)" in base
+  assert _table(out)[0].split() == ["case", "max", "abs", "err", "max", "rel", "err",
+                                    "tolerance", "status"]
+  assert f"(the full report, per-array verdicts and every timing, is in {tmp_path / 'r.json'})" \
+      in out
   assert "6 cases: 6 pass" in out
   assert "environment changes" in out and "(none)" in out
   report = json.loads((tmp_path / "r.json").read_text())
@@ -122,7 +141,7 @@ def test_cli_check_names_the_case_with_one_perturbed_number(baseline, capsys):
   code = _main(["check", "--baseline", str(baseline)])
   out = capsys.readouterr().out
   assert code == 1
-  rows = {line.split()[0]: line.split()[-1] for line in out.splitlines()[1:7]}
+  rows = {line.split()[0]: line.split()[-1] for line in _table(out)[1:7]}
   assert rows["standin_mean"] == "FAIL"
   assert [c for c, s in rows.items() if s != "PASS"] == ["standin_mean"]
   assert "standin_mean: output: 1 of 96 elements differ (first at (0, 0, 2, 1)" in out
@@ -351,9 +370,91 @@ def test_cli_check_pairs_drift_with_environment_changes(baseline, capsys, monkey
   assert "  env XLA_FLAGS --old -> unset" in out
 
 
+def test_cli_timing_moves_are_reported_and_never_fail(baseline, capsys):
+  def faster_baseline(arrays, manifest):
+    for entry in manifest["cases"].values():
+      if entry["timing"]["steady_s"]:
+        entry["timing"] = {"compile_s": entry["timing"]["compile_s"] / 100, "steady_s": 1e-9}
+
+  _rewrite(baseline, faster_baseline)
+  assert _main(["check", "--baseline", str(baseline)]) == 0
+  out = capsys.readouterr().out
+  timing = out[out.index("timing (baseline -> now"):].splitlines()[1:]
+  assert len(timing) == 3 and timing[2].startswith("  largest mover: standin_")
+  assert "more with --timing" in timing[2] and "json" not in out
+  assert _main(["check", "--baseline", str(baseline), "--timing"]) == 0
+  out = capsys.readouterr().out
+  assert len(out[out.index("timing (baseline -> now"):].splitlines()) > 4
+
+
 def test_cli_default_baseline_is_the_shipped_one():
   args = cli._parser().parse_args(["check"])
-  assert Path(args.baseline) == commands.SHIPPED == Path(cli.__file__).parent / "baseline"
+  assert Path(args.baseline) == stamp.SHIPPED == Path(cli.__file__).parent / "baseline"
+  assert cli._parser().parse_args(["record"]).out is None
+
+
+def _never_built():
+  raise AssertionError("the batch must not be built")
+
+
+def test_cli_record_without_out_refuses_an_installed_package(monkeypatch, capsys):
+  # Installed from a wheel there is no source checkout: the shipped baseline lies in
+  # site-packages and is never written, and the batch is not even run.
+  before = {p.name: p.read_bytes() for p in stamp.SHIPPED.iterdir()}
+  monkeypatch.setattr(cli, "source_checkout", lambda: None)
+  assert cli.main(["record"], batch=_never_built) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("error: record: no --out given")
+  assert "pass --out DIR to record your own baseline" in err and str(stamp.SHIPPED) in err
+  assert cli.main(["record", "--force"], batch=_never_built) == 2
+  assert {p.name: p.read_bytes() for p in stamp.SHIPPED.iterdir()} == before
+
+
+def test_cli_record_without_out_in_a_checkout_targets_the_shipped_baseline(monkeypatch):
+  seen = {}
+
+  def fake_record(cases, out, *, force, notes):
+    seen.update(out=out, force=force)
+    return Report(command="record", exit_code=2, error="stop here")
+
+  monkeypatch.setattr(commands, "record", fake_record)
+  assert stamp.source_checkout() == Path(cli.__file__).resolve().parents[1]
+  assert cli.main(["record", "--force"], batch=_batch([])) == 2
+  assert seen == {"out": str(stamp.SHIPPED), "force": True}
+
+
+def test_cli_a_batch_that_fails_to_build_exits_2_with_its_traceback(baseline, capsys):
+  def broken():
+    raise AttributeError("module 'nnx_pool' has no attribute 'MaxPool'")
+
+  assert cli.main(["check", "--baseline", str(baseline)], batch=broken) == 2
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  assert "Traceback (most recent call last):" in captured.err
+  assert "AttributeError: module 'nnx_pool' has no attribute 'MaxPool'" in captured.err
+  assert captured.err.rstrip().splitlines()[-1] == (
+      "error: check: the regression batch could not be imported or built (the traceback above "
+      "says why); nothing was compared.")
+
+
+def test_cli_a_package_that_fails_to_import_exits_2_not_1(tmp_path):
+  # The kit starts even when nnx_pool's modules do not import (an upgrade broke them):
+  # the failure is exit 2 with the traceback, never "102 cases GONE" and exit 1.
+  import subprocess
+  import sys
+
+  script = (
+      "import sys; sys.modules['nnx_pool._pool'] = None\n"  # makes `import nnx_pool._pool` fail
+      "from nnx_pool.regression.cli import main\n"
+      "sys.exit(main(['check']))\n"
+  )
+  done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert done.returncode == 2, done.stderr
+  assert "Traceback (most recent call last):" in done.stderr
+  assert "ModuleNotFoundError: import of nnx_pool._pool halted" in done.stderr
+  assert "error: check: the regression batch could not be imported or built" in done.stderr
+  assert "GONE" not in done.stdout + done.stderr
 
 
 def test_cli_runs_as_python_dash_m(tmp_path):
@@ -362,8 +463,7 @@ def test_cli_runs_as_python_dash_m(tmp_path):
   import subprocess
   import sys
 
-  repo = Path(cli.__file__).resolve().parents[1]
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   done = subprocess.run(
       [sys.executable, "-m", "nnx_pool.regression", "check", "--baseline", str(tmp_path / "none")],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,

@@ -4,6 +4,12 @@ import json
 
 import pytest
 
+# Inner sessions run in this process, and pytester drops the modules that an inner
+# session imported first when it ends. The fixture's pipeline, imported once, then
+# keeps the first flax's nnx.Module while later test files build modules from a
+# re-imported flax. Importing flax here keeps one flax for every inner session.
+from flax import nnx  # noqa: F401
+
 pytest_plugins = ["pytester"]
 
 PLUGIN = ("-p", "nnx_pool.regression.pytest_plugin")
@@ -69,12 +75,48 @@ def test_plugin_reports_drift_like_the_cli(pytester):
   result.assert_outcomes(failed=1, passed=1)
   result.stdout.fnmatch_lines([
       "*nnx_regression: 'pool' differs from its baseline*",
+      "*this run: python *, numpy *, jax *, jaxlib *, flax *, cpu (cpu), git *",
+      "*baseline: python *, numpy *, jax *, jaxlib *, flax *, cpu (cpu), git *",
       "*case*max abs err*max rel err*tolerance*status*",
       "*pool:output *rtol=1e-05 atol=1e-05*FAIL*",
       "*pool:output_eager *FAIL*",
       "*elements differ*",
       "*environment changes*",
   ])
+
+
+NONFINITE_TEST = """
+import jax.numpy as jnp
+import numpy as np
+
+X = np.array([1.0, 0.0, 4.0], np.float32)
+
+
+def test_log(nnx_regression):
+  nnx_regression.check("log", jnp.log, X)
+
+
+def test_log_allowed(nnx_regression):
+  nnx_regression.check("log_allowed", jnp.log, X, allow_nonfinite=True)
+
+
+def test_ints(nnx_regression):
+  nnx_regression.check("ints", lambda x: x // 2, np.arange(4))
+"""
+
+
+def test_plugin_refuses_to_record_nonfinite_outputs_unless_allowed(pytester):
+  pytester.makepyfile(test_nonfinite=NONFINITE_TEST)
+  result = pytester.runpytest(*PLUGIN)
+  result.assert_outcomes(failed=3)
+  result.stdout.fnmatch_lines([
+      "*nnx_regression: 'log' was not recorded: its outputs are not all finite (*). Fix the "
+      "model, or pass allow_nonfinite=True if they should be.",
+  ])
+  root = pytester.path / "_regression" / "test_nonfinite"
+  assert sorted(p.name for p in root.iterdir()) == ["ints", "log_allowed"]
+  result = pytester.runpytest(*PLUGIN)
+  result.assert_outcomes(failed=1, passed=2)  # -inf is compared like any number
 
 
 def test_plugin_names_changed_parameters(pytester):

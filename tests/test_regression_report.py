@@ -1,0 +1,107 @@
+"""Tests for the report's stamp headers and its quiet timing section, and for unknown values."""
+
+import pytest
+
+from nnx_pool.regression import cli, stamp
+from nnx_pool.regression.report import NOISE, Report, Row, Timing, render, timing_lines
+
+STAMP_A = {
+    "versions": {"python": "3.11.7", "numpy": "2.4.6", "jax": "0.10.2", "jaxlib": "0.10.2",
+                 "flax": "0.12.8", "chex": "0.1.92"},
+    "backend": {"platform": "gpu", "device_kind": "NVIDIA H200", "device_count": 1},
+    "git": {"revision": "eb143693f648a1b2c3d4", "dirty": False},
+}
+STAMP_B = {
+    "versions": {"python": "3.11.7", "numpy": "2.4.6", "jax": "0.9.2", "jaxlib": "0.9.2",
+                 "flax": "0.12.5", "chex": "0.1.92"},
+    "backend": {"platform": "cpu", "device_kind": "cpu", "device_count": 1},
+    "git": {"revision": None, "dirty": None},  # an installed wheel: no checkout to ask
+}
+
+
+def test_stamp_header_names_versions_platform_device_and_git():
+  assert stamp.stamp_header(STAMP_A) == (
+      "python 3.11.7, numpy 2.4.6, jax 0.10.2, jaxlib 0.10.2, flax 0.12.8, gpu (NVIDIA H200), "
+      "git eb143693f648")
+  assert stamp.stamp_header(STAMP_B).endswith("flax 0.12.5, cpu (cpu), git unknown")
+  assert stamp.stamp_header({}) == (
+      "python unknown, numpy unknown, jax unknown, jaxlib unknown, flax unknown, "
+      "unknown (unknown), git unknown")
+
+
+def test_an_unknown_value_is_shown_but_never_a_change():
+  changes = stamp.stamp_changes(STAMP_A, STAMP_B)
+  assert "jax 0.10.2 -> 0.9.2" in changes and "platform gpu -> cpu" in changes
+  assert not [c for c in changes if c.startswith("git")]
+  # An environment variable set on one side only is a change ("unset").
+  with_env = {**STAMP_B, "env": {"XLA_FLAGS": "--x"}}
+  assert stamp.stamp_changes(STAMP_B, with_env) == ["env XLA_FLAGS unset -> --x"]
+  known = {**STAMP_B, "git": {"revision": "0123456789abcdef", "dirty": True}}
+  assert stamp.stamp_changes(known, {**known, "git": {"revision": "fedcba", "dirty": True}}) == [
+      "git revision 0123456789ab -> fedcba"]
+
+
+def test_git_revision_is_unknown_outside_a_source_checkout(monkeypatch, tmp_path):
+  monkeypatch.setattr(stamp, "source_checkout", lambda: None)
+  assert stamp.git_revision() == {"revision": None, "dirty": None}
+  assert stamp.git_revision(tmp_path) == {"revision": None, "dirty": None}  # not a repository
+
+
+def test_every_check_opens_with_one_header_per_side():
+  report = Report(command="check", stamp=STAMP_B, baseline_stamp=STAMP_A,
+                  rows=[Row("c", "PASS", 0.0, 0.0, "exact")])
+  lines = render(report).splitlines()
+  assert lines[0] == "this run: " + stamp.stamp_header(STAMP_B)
+  assert lines[1] == "baseline: " + stamp.stamp_header(STAMP_A)
+  assert lines[3].startswith("case ")
+  diff = render(Report(command="diff", stamp=STAMP_B, baseline_stamp=STAMP_A)).splitlines()
+  assert diff[:2] == ["A:        " + stamp.stamp_header(STAMP_A),
+                      "B:        " + stamp.stamp_header(STAMP_B)]
+
+
+def _timings(n_noisy: int) -> list[Timing]:
+  """Cases whose steady time moves within the noise, plus two real movers."""
+  noisy = [Timing(f"noisy{i}", 0.05, 0.08, 10e-6, 70e-6) for i in range(n_noisy)]  # x1.6, x7
+  return noisy + [
+      Timing("slow_compile", 0.1, 0.25, 10e-6, 10e-6),  # compile x2.5
+      Timing("slow_steady", 0.1, 0.1, 10e-6, 150e-6),  # steady x15
+  ]
+
+
+def test_timing_is_at_most_three_lines_by_default():
+  lines = timing_lines(_timings(13))
+  assert lines == [
+      "  compile (lower+compile): 850.0 ms -> 1.39 s (x1.64)",
+      "  steady median, summed: 150 us -> 1.1 ms (x7.13)",
+      "  largest mover: slow_steady: steady 10 us -> 150 us (x15.00); 1 more with --timing",
+  ]
+  quiet = timing_lines(_timings(13)[:13])  # noise only: the two totals
+  assert len(quiet) == 2
+
+
+def test_timing_flag_lists_every_mover_past_the_noise():
+  lines = timing_lines(_timings(13), every=True)
+  assert lines[2:] == [
+      "  slow_steady: steady 10 us -> 150 us (x15.00)",
+      "  slow_compile: compile 100.0 ms -> 250.0 ms (x2.50)",
+  ]
+
+
+@pytest.mark.parametrize("ratio, moved", [(NOISE["steady"] * 0.99, False), (NOISE["steady"], True),
+                                          (1 / NOISE["steady"], True)])
+def test_noise_threshold_is_the_documented_one(ratio, moved):
+  t = Timing("c", 1.0, 1.0, 1e-5, 1e-5 * ratio)
+  assert (t.changed() == ["steady"]) is moved
+
+
+def test_json_is_named_only_when_written():
+  report = Report(command="check", rows=[Row("c", "PASS")], timings=_timings(13))
+  assert "json" not in render(report).lower()
+  assert "json" not in render(report, timing=True).lower()
+  assert render(report, json_path="r.json").endswith(
+      "(the full report, per-array verdicts and every timing, is in r.json)")
+
+
+def test_cli_timing_flag_is_parsed():
+  assert cli._parser().parse_args(["check", "--timing"]).timing is True
+  assert cli._parser().parse_args(["check"]).timing is False
