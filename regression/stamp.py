@@ -12,7 +12,6 @@ of an installed package, say) is shown as ``unknown`` and is never a change.
 from __future__ import annotations
 
 import datetime
-import importlib
 import importlib.metadata
 import os
 import platform
@@ -22,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Distribution name, then the module to ask for __version__ when it is not installed.
+# The distributions whose versions are stamped, and the key each is stamped under.
 _PACKAGES = (
     ("numpy", "numpy"),
     ("jax", "jax"),
@@ -51,15 +50,12 @@ def source_checkout() -> Path | None:
   return root if all(m.exists() for m in markers) else None
 
 
-def _version(dist: str, module: str) -> str:
+def _version(dist: str) -> str | None:
+  """The installed version of a distribution; None (unknown) when it is not installed."""
   try:
     return importlib.metadata.version(dist)
   except importlib.metadata.PackageNotFoundError:
-    pass
-  try:
-    return str(getattr(importlib.import_module(module), "__version__", "unknown"))
-  except Exception as e:  # noqa: BLE001 - a broken package is a fact to record
-    return f"not importable ({type(e).__name__})"
+    return None
 
 
 def _git(where: Path, *args: str) -> str | None:
@@ -101,8 +97,8 @@ def collect_stamp(git_dir: str | os.PathLike | None = None) -> dict[str, Any]:
   import jax
 
   versions = {"python": platform.python_version()}
-  for dist, module in _PACKAGES:
-    versions[module] = _version(dist, module)
+  for dist, key in _PACKAGES:
+    versions[key] = _version(dist)
   devices = jax.devices()
   backend = {
       "platform": devices[0].platform,
