@@ -7,7 +7,7 @@
 * :mod:`nnx_pool.regression.pytest_plugin` gives users' tests an ``nnx_regression``
   fixture over the same baseline format.
 
-A baseline is a directory with ``manifest.json`` and ``arrays.npz``
+A baseline is a directory with ``manifest.json`` and the ``arrays-<digest>.npz`` it names
 (:mod:`nnx_pool.regression.store`), stamped with the environment
 (:mod:`nnx_pool.regression.stamp`), compared under stated per-dtype tolerances
 (:mod:`nnx_pool.regression.tolerance`, :mod:`nnx_pool.regression.compare`).

@@ -208,19 +208,21 @@ def test_cli_check_uses_the_stored_weights_not_a_fresh_init(baseline, capsys):
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        ("truncated", "arrays.npz is truncated or damaged"),
+        ("truncated", "is truncated or damaged"),
         ("edited_manifest", "manifest.json was edited after recording"),
         ("wrong_dtype", "is stored as float64 but manifest.json says float32"),
-        ("missing_key", "listed in manifest.json is missing from arrays.npz"),
+        ("missing_key", "listed in manifest.json is missing from arrays-"),
         ("object_array", "holds an object array; refusing to unpickle it"),
-        ("newer_format", "format version 2 is newer than this nnx-pool reads (1)"),
+        ("newer_format", f"format version {store.FORMAT_VERSION + 1} is newer than this nnx-pool "
+                         f"reads ({store.FORMAT_VERSION})"),
         ("missing", "no such directory"),
     ],
 )
 def test_cli_check_damaged_baseline_exits_2_and_overwrites_nothing(
     baseline, capsys, tmp_path, damage, message
 ):
-  npz, manifest_path = baseline / "arrays.npz", baseline / "manifest.json"
+  manifest_path = baseline / "manifest.json"
+  npz = baseline / store.arrays_name(json.loads(manifest_path.read_text()))
   with np.load(npz, allow_pickle=False) as f:
     raw = {k: f[k] for k in f.files}
   if damage == "truncated":
@@ -240,7 +242,7 @@ def test_cli_check_damaged_baseline_exits_2_and_overwrites_nothing(
       np.savez(f, **raw)
   elif damage == "newer_format":
     manifest = json.loads(manifest_path.read_text())
-    manifest["format_version"] = 2
+    manifest["format_version"] = store.FORMAT_VERSION + 1
     manifest_path.write_text(json.dumps(manifest))
   elif damage == "missing":
     shutil.rmtree(baseline)

@@ -10,6 +10,8 @@ import pytest
 # re-imported flax. Importing flax here keeps one flax for every inner session.
 from flax import nnx  # noqa: F401
 
+from nnx_pool.regression import store
+
 pytest_plugins = ["pytester"]
 
 PLUGIN = ("-p", "nnx_pool.regression.pytest_plugin")
@@ -179,10 +181,11 @@ def test_bad_input(nnx_regression):
 def test_plugin_damaged_baseline_fails_with_the_reason(pytester):
   _write(pytester)
   pytester.runpytest(*PLUGIN)
-  npz = pytester.path / "_regression" / "test_models" / "pool" / "arrays.npz"
+  pool = pytester.path / "_regression" / "test_models" / "pool"
+  npz = pool / store.arrays_name(json.loads((pool / "manifest.json").read_text()))
   npz.write_bytes(npz.read_bytes()[:100])
   result = pytester.runpytest(*PLUGIN, "-k", "pool")
   result.assert_outcomes(failed=1)
   result.stdout.fnmatch_lines(
-      ["*nnx_regression: baseline *pool: arrays.npz is truncated or damaged*"]
+      [f"*nnx_regression: baseline *pool: {npz.name} is truncated or damaged*"]
   )

@@ -55,20 +55,25 @@ def baseline(tmp_path) -> Path:
 # ------------------------------------------------------------- a full disk
 
 
-def _full_disk(partial: bool):
-  def write(path, payload):
+def _full_disk(partial: bool, on: str = "arrays"):
+  """A ``store._write_file`` for a full disk: it fails writing the arrays or the manifest."""
+  real = store._write_file
+
+  def write(path, data):
+    if data.startswith(b"PK") != (on == "arrays"):  # an .npz is a zip: it starts with PK
+      return real(path, data)
     if partial:  # a real full disk fails after part of the file is written
-      path.write_bytes(b"PK\x03\x04 half a file")
+      path.write_bytes(data[:20])
     raise OSError(28, "No space left on device")
 
   return write
 
 
-@pytest.mark.parametrize("seam", ["_write_npz", "_write_manifest"])
+@pytest.mark.parametrize("on", ["arrays", "manifest"])
 def test_regression_record_on_a_full_disk_keeps_the_previous_baseline(
-    baseline, tmp_path, monkeypatch, capsys, seam):
+    baseline, tmp_path, monkeypatch, capsys, on):
   before = _snapshot(baseline)
-  monkeypatch.setattr(store, seam, _full_disk(partial=True))
+  monkeypatch.setattr(store, "_write_file", _full_disk(partial=True, on=on))
   code = cli.main(["record", "--out", str(baseline), "--force"],
                   batch=lambda: Batch([_double("new")]))
   err = capsys.readouterr().err
@@ -76,14 +81,20 @@ def test_regression_record_on_a_full_disk_keeps_the_previous_baseline(
   assert err == (
       f"error: could not write baseline {baseline} (ENOSPC: No space left on device); "
       "the previous baseline is unchanged.\n")
-  assert _snapshot(baseline) == before
+  monkeypatch.undo()
+  after = _snapshot(baseline)
+  # Failing on the manifest leaves the new arrays file (named by no manifest) for the next
+  # record to delete; everything the old manifest names is unchanged.
+  assert {k: v for k, v in after.items() if k in before} == before
+  assert len(after) == len(before) + (on == "manifest")
+  assert not [name for name in after if name.startswith(".tmp-")]  # no temp file left
   assert list(read_baseline(baseline).manifest["cases"]) == ["double_old"]
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temp dir left
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
 
 
 def test_regression_record_on_a_full_disk_writes_nothing_new(tmp_path, monkeypatch, capsys):
   out = tmp_path / "fresh"
-  monkeypatch.setattr(store, "_write_npz", _full_disk(partial=False))
+  monkeypatch.setattr(store, "_write_file", _full_disk(partial=False))
   code = cli.main(["record", "--out", str(out)], batch=lambda: Batch([_double("new")]))
   assert code == 2
   assert capsys.readouterr().err == (
@@ -141,13 +152,13 @@ def _child(delay: float, imports: str, body: str) -> str:
   """) + textwrap.dedent(imports) + textwrap.dedent(f"""
 
       out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-      real = store._write_npz
+      real = store._write_file
 
-      def slow_write(path, arrays):
-        real(path, arrays)
+      def slow_write(path, data):
+        real(path, data)
         time.sleep({delay})
 
-      store._write_npz = slow_write
+      store._write_file = slow_write
       while not go.exists():
         time.sleep(0.01)
   """) + textwrap.dedent(body)
@@ -197,8 +208,10 @@ def test_regression_concurrent_records_one_wins_the_others_refuse(tmp_path):
   for code, _, stderr in results:
     if code == 2:  # a loser found the winner's baseline, whole, and says so
       assert stderr == f"error: baseline {out} exists; pass --force to replace it.\n"
-  assert list(read_baseline(out).manifest["cases"]) == [f"double_{winner}"]
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temp dir left
+  final = read_baseline(out)
+  assert list(final.manifest["cases"]) == [f"double_{winner}"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+  assert sorted(os.listdir(out)) == [store.arrays_name(final.manifest), "manifest.json"]
 
 
 def test_regression_concurrent_forced_writes_leave_one_whole_baseline(baseline, tmp_path):
@@ -212,6 +225,7 @@ def test_regression_concurrent_forced_writes_leave_one_whole_baseline(baseline, 
   assert list(final.arrays) == [tag]
   np.testing.assert_array_equal(final.arrays[tag], np.full(1000, ord(tag), np.int32))
   assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+  assert sorted(os.listdir(baseline)) == [store.arrays_name(final.manifest), "manifest.json"]
 
 
 def test_regression_writer_waits_for_the_lock_then_gives_a_clear_message(
@@ -257,9 +271,9 @@ def sharded_baseline(tmp_path_factory) -> Path:
 _SHARDED_CHECK = textwrap.dedent("""
     import sys
     from nnx_pool.regression import cli
-    from nnx_pool.regression.batch import Batch, load_batch
 
-    assert "jax" not in sys.modules  # the CLI sets XLA_FLAGS before JAX initialises
+    assert "jax" not in sys.modules  # the CLI imports no JAX: it can set XLA_FLAGS first
+    from nnx_pool.regression.batch import Batch, load_batch  # imports JAX, does not initialise it
     names = sys.argv[1].split(",")
     batch = lambda: Batch([c for c in load_batch().cases if c.name in names])
     sys.exit(cli.main(sys.argv[2:], batch=batch))
@@ -352,7 +366,7 @@ def test_regression_a_copy_that_differs_fails_the_case():
   tiled = np.ones((8, 3), np.float32)
   tiled[5, 1] = 1.5  # copy 2, row 1
   tol = tolerance_for("select", "output", np.dtype(np.float32))
-  verdict = commands._compare_copies("output", tiled, expected, tol, 4)
+  verdict = runner._compare_copies("output", tiled, expected, tol, 4)
   assert not verdict.passed
   assert verdict.message == (
       "1 of 4 copies differ; copy 2: 1 of 6 elements differ (first at (1, 1): 1.5 vs "
@@ -363,7 +377,7 @@ def test_regression_a_copy_that_differs_fails_the_case():
 
 def test_regression_check_after_a_failed_record_still_reads_the_old_baseline(
     baseline, monkeypatch):
-  monkeypatch.setattr(store, "_write_manifest", _full_disk(partial=True))
+  monkeypatch.setattr(store, "_write_file", _full_disk(partial=True, on="manifest"))
   report = commands.record([_double("new")], baseline, force=True, reps=FAST)
   assert report.exit_code == 2
   monkeypatch.undo()

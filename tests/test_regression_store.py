@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,8 @@ ROUND_TRIP = {
     "float32": np.array([0.0, -0.0, 1e-40, np.inf, np.finfo(np.float32).max, 0.1], np.float32),
     "float16": np.array([0.0, -0.0, 6e-8, np.inf, 65504.0, 0.1], np.float16),
     "bfloat16": np.array([0.0, -0.0, 1e-40, np.inf, 3.3e38, 0.1], ml_dtypes.bfloat16),
+    "float8_e4m3fn": np.array([0.0, -0.0, 448.0, 0.1], ml_dtypes.float8_e4m3fn),
+    "int4": np.array([-8, -1, 0, 7], ml_dtypes.int4),
     "int8": np.array([-128, -1, 0, 127], np.int8),
     "int32": np.array([-(2**31), -1, 0, 2**31 - 1], np.int32),
     "uint8": np.array([0, 1, 254, 255], np.uint8),
@@ -39,11 +42,26 @@ def _bits(a: np.ndarray) -> bytes:
   return a.dtype.name.encode() + np.ascontiguousarray(a).tobytes()
 
 
+def _umask() -> int:
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+def _arrays_file(out: Path) -> Path:
+  """The arrays file the manifest of ``out`` names."""
+  return out / store.arrays_name(json.loads((out / "manifest.json").read_text()))
+
+
+def _snapshot(path: Path) -> dict:
+  return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
 @pytest.mark.parametrize("dtype", sorted(ROUND_TRIP))
 def test_store_round_trip_is_bit_exact(tmp_path, dtype):
   # Expected: the very same bytes and dtype name back, for every dtype the kit stores.
   a = ROUND_TRIP[dtype]
-  if a.dtype.kind == "f" or dtype == "bfloat16":
+  if dtype in ("float64", "float32", "float16", "bfloat16"):
     nan_bits = {"float64": np.uint64(0x7FF8000000000123), "float32": np.uint32(0x7FC00123),
                 "float16": np.uint16(0x7E01), "bfloat16": np.uint16(0x7FC1)}[dtype]
     a = np.concatenate([a, np.array([nan_bits]).view(a.dtype)])
@@ -59,13 +77,16 @@ def test_store_half_precision_is_stored_as_raw_bits(tmp_path):
   assert manifest["arrays"]["h"]["stored_as"] == "uint16"
   assert manifest["arrays"]["b"]["dtype"] == "bfloat16"
   assert manifest["arrays"]["b"]["stored_as"] == "uint16"
-  with np.load(tmp_path / "b" / "arrays.npz", allow_pickle=False) as npz:
-    assert npz["b"].dtype == np.uint16
+  with np.load(_arrays_file(tmp_path / "b"), allow_pickle=False) as npz:
+    assert npz["b"].dtype == np.uint16 and npz["h"].dtype == np.uint16
 
 
-def test_store_refuses_object_arrays_when_writing(tmp_path):
-  with pytest.raises(TypeError, match="'bad' has dtype object"):
-    write_baseline(tmp_path / "b", {}, {"bad": np.array([{}], dtype=object)})
+@pytest.mark.parametrize("bad", [np.array([{}], dtype=object), np.array(["s"]),
+                                 np.array(["2020-01-01"], "datetime64[D]")],
+                         ids=["object", "str", "datetime"])
+def test_store_refuses_arrays_it_cannot_hold_without_pickling(tmp_path, bad):
+  with pytest.raises(TypeError, match=re.escape(f"'bad' has dtype {bad.dtype}, which a baseline")):
+    write_baseline(tmp_path / "b", {}, {"bad": bad})
   assert not (tmp_path / "b").exists()
 
 
@@ -74,6 +95,19 @@ def test_store_digest_depends_on_dtype_and_shape():
   assert store.digest(a) != store.digest(a.view(np.int32))
   assert store.digest(a) != store.digest(a.reshape(2, 2))
   assert store.digest(a) == store.digest(a.copy())
+
+
+def test_store_files_are_named_by_content_and_readable_by_others(tmp_path):
+  out = tmp_path / "b"
+  write_baseline(out, {"kind": "one"}, {"a": np.zeros(3)})
+  first = _arrays_file(out).name
+  assert sorted(os.listdir(out)) == sorted(["manifest.json", first])
+  assert first.startswith("arrays-") and first.endswith(".npz")
+  for name in os.listdir(out):  # not the 0600 of a temporary file
+    assert (out / name).stat().st_mode & 0o777 == 0o666 & ~_umask()
+  write_baseline(out, {"kind": "two"}, {"a": np.ones(3)}, force=True)
+  assert _arrays_file(out).name != first
+  assert sorted(os.listdir(out)) == sorted(["manifest.json", _arrays_file(out).name])
 
 
 # --------------------------------------------------------------- damage
@@ -88,64 +122,142 @@ def _baseline(tmp_path: Path) -> Path:
 
 def _rewrite_npz(path: Path, arrays: dict) -> None:
   # np.savez pickles object arrays by default: exactly the hostile file we must refuse.
-  with open(path / "arrays.npz", "wb") as f:
+  with open(_arrays_file(path), "wb") as f:
     np.savez(f, **arrays)
 
 
 def _raw(path: Path) -> dict:
-  with np.load(path / "arrays.npz", allow_pickle=False) as npz:
+  with np.load(_arrays_file(path), allow_pickle=False) as npz:
     return {k: npz[k] for k in npz.files}
+
+
+def _edit_manifest(path: Path, **changes) -> None:
+  manifest = json.loads((path / "manifest.json").read_text())
+  manifest.update(changes)
+  (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+ARRAYS = r"arrays-[0-9a-f]{16}\.npz"
 
 
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        ("truncated", "arrays.npz is truncated or damaged"),
+        ("truncated", f"{ARRAYS} is truncated or damaged"),
         ("edited_manifest", "edited after recording"),
         ("wrong_dtype", "'a' is stored as float64 but manifest.json says float32"),
-        ("missing_key", "'b' listed in manifest.json is missing from arrays.npz"),
+        ("missing_key", f"'b' listed in manifest.json is missing from {ARRAYS}"),
+        ("extra_key", f"'c' in {ARRAYS} is not listed in manifest.json"),
         ("object_array", "object array; refusing to unpickle"),
         ("changed_value", "'a' does not match its digest"),
         ("not_json", "not valid JSON"),
         ("newer_format", "format version 99 is newer"),
+        ("older_format", "has no known format_version \\(got 0\\)"),
         ("no_manifest", "manifest.json is missing"),
+        ("no_arrays", f"{ARRAYS}, named by manifest.json, is missing"),
+        ("no_table", "has no 'arrays' table"),
+        ("nan", "not valid JSON"),
     ],
 )
 def test_store_damaged_baseline_raises_one_line_reason(tmp_path, damage, message):
   out = _baseline(tmp_path)
   raw = _raw(out)
-  manifest_path = out / "manifest.json"
+  npz, manifest_path = _arrays_file(out), out / "manifest.json"
   if damage == "truncated":
-    data = (out / "arrays.npz").read_bytes()
-    (out / "arrays.npz").write_bytes(data[: len(data) // 2])
+    npz.write_bytes(npz.read_bytes()[: len(npz.read_bytes()) // 2])
   elif damage == "edited_manifest":
-    manifest = json.loads(manifest_path.read_text())
-    manifest["kind"] = "edited"
-    manifest_path.write_text(json.dumps(manifest))
+    _edit_manifest(out, kind="edited")
   elif damage == "wrong_dtype":
     _rewrite_npz(out, {**raw, "a": raw["a"].astype(np.float64)})
   elif damage == "missing_key":
     _rewrite_npz(out, {"a": raw["a"]})
+  elif damage == "extra_key":
+    _rewrite_npz(out, {**raw, "c": raw["a"]})
   elif damage == "object_array":
     _rewrite_npz(out, {**raw, "evil": np.array([{"x": 1}], dtype=object)})
   elif damage == "changed_value":
     _rewrite_npz(out, {**raw, "a": raw["a"] + 1})
   elif damage == "not_json":
     manifest_path.write_text("{not json")
-  elif damage == "newer_format":
-    manifest = json.loads(manifest_path.read_text())
-    manifest["format_version"] = 99
-    manifest_path.write_text(json.dumps(manifest))
+  elif damage in ("newer_format", "older_format"):
+    _edit_manifest(out, format_version=99 if damage == "newer_format" else 0)
   elif damage == "no_manifest":
     manifest_path.unlink()
+  elif damage == "no_arrays":
+    npz.unlink()
+  elif damage == "no_table":
+    manifest = json.loads(manifest_path.read_text())
+    manifest["arrays"] = [manifest["arrays"]]
+    manifest["manifest_sha256"] = store._checksum(manifest)
+    manifest_path.write_text(json.dumps(manifest))
+  elif damage == "nan":  # Python's json reads NaN, which the checksum cannot cover
+    _edit_manifest(out, kind=float("nan"))
   with pytest.raises(BaselineError, match=message) as info:
     read_baseline(out)
-  assert "\n" not in str(info.value)
+  text = str(info.value)
+  assert "\n" not in text
+  assert text.startswith(f"baseline {out}: ")  # names the path
+  assert "record" in text or "upgrade nnx-pool" in text  # and the fix
 
 
 def test_store_missing_directory_says_how_to_record(tmp_path):
   with pytest.raises(BaselineError, match="no such directory; record one with `record --out"):
     read_baseline(tmp_path / "nowhere")
+  (tmp_path / "file").write_text("")
+  with pytest.raises(BaselineError, match="file: cannot open it .*; pass a baseline directory"):
+    read_baseline(tmp_path / "file")
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "arrays"])
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_store_a_file_that_is_not_a_regular_file_is_refused_without_hanging(
+    tmp_path, name, kind):
+  out = _baseline(tmp_path)
+  path = out / "manifest.json" if name == "manifest.json" else _arrays_file(out)
+  path.unlink()
+  if kind == "directory":
+    path.mkdir()
+  else:
+    os.mkfifo(path)  # a reader that opened it blocking would wait for a writer
+  fds = len(os.listdir("/proc/self/fd"))
+  errors = []
+  reader = threading.Thread(  # both read the manifest: neither may block on a FIFO
+      target=lambda: errors.append((_error(out), store.stored_format_version(out))), daemon=True)
+  reader.start()
+  reader.join(timeout=10)
+  if reader.is_alive():
+    with open(os.open(path, os.O_WRONLY | os.O_NONBLOCK), "wb"):  # unblock it, then fail
+      pytest.fail("read_baseline hung on a FIFO")
+  version = None if name == "manifest.json" else 2
+  assert errors == [(f"baseline {out}: {path.name} is not a regular file; remove it and "
+                     f"{store._FIX}.", version)]
+  assert len(os.listdir("/proc/self/fd")) == fds  # nothing left open
+
+
+def _error(out: Path) -> str:
+  try:
+    read_baseline(out)
+  except BaselineError as e:
+    return str(e)
+  return "no error"
+
+
+def test_store_reads_format_version_1_and_force_replaces_it(tmp_path):
+  # Version 1 kept the arrays in `arrays.npz`.
+  out = _baseline(tmp_path)
+  _arrays_file(out).rename(out / "arrays.npz")
+  manifest = json.loads((out / "manifest.json").read_text())
+  manifest["format_version"] = 1
+  manifest["manifest_sha256"] = store._checksum(manifest)
+  (out / "manifest.json").write_text(json.dumps(manifest))
+  old = read_baseline(out)
+  assert old.manifest["format_version"] == 1
+  np.testing.assert_array_equal(old.arrays["a"], np.arange(6, dtype=np.float32))
+  with pytest.raises(FileExistsError, match="pass --force"):
+    write_baseline(out, {"kind": "new"}, {"a": np.zeros(2)})
+  write_baseline(out, {"kind": "new"}, {"a": np.zeros(2)}, force=True)
+  assert sorted(os.listdir(out)) == sorted(["manifest.json", _arrays_file(out).name])
+  assert read_baseline(out).manifest["format_version"] == store.FORMAT_VERSION == 2
 
 
 # -------------------------------------------------------------- writing
@@ -153,57 +265,155 @@ def test_store_missing_directory_says_how_to_record(tmp_path):
 
 def test_store_refuses_to_overwrite_without_force(tmp_path):
   out = _baseline(tmp_path)
-  before = (out / "manifest.json").read_bytes()
+  before = _snapshot(out)
   with pytest.raises(FileExistsError, match="pass --force"):
     write_baseline(out, {"kind": "other"}, {"a": np.zeros(1)})
-  assert (out / "manifest.json").read_bytes() == before
+  assert _snapshot(out) == before
   write_baseline(out, {"kind": "other"}, {"a": np.zeros(1)}, force=True)
   assert read_baseline(out).manifest["kind"] == "other"
 
 
-def test_store_force_never_replaces_a_directory_that_is_not_a_baseline(tmp_path):
+@pytest.mark.parametrize("force", [False, True])
+def test_store_never_replaces_a_directory_that_is_not_a_baseline(tmp_path, force):
   (tmp_path / "home").mkdir()
   (tmp_path / "home" / "notes.txt").write_text("precious")
+  with pytest.raises(FileExistsError, match="'notes.txt'.*refusing to replace it even with --f"):
+    write_baseline(tmp_path / "home", {}, {"a": np.zeros(1)}, force=force)
+  assert os.listdir(tmp_path / "home") == ["notes.txt"]
+  out = _baseline(tmp_path)  # a baseline with a stranger in it is refused as well
+  (out / "notes.txt").write_text("precious")
+  before = _snapshot(out)
   with pytest.raises(FileExistsError, match="refusing to replace it even with --force"):
-    write_baseline(tmp_path / "home", {}, {"a": np.zeros(1)}, force=True)
-  assert (tmp_path / "home" / "notes.txt").read_text() == "precious"
+    write_baseline(out, {}, {"a": np.zeros(1)}, force=True)
+  assert _snapshot(out) == before
 
 
-def test_store_write_that_fails_midway_keeps_the_old_baseline(tmp_path, monkeypatch):
+def test_store_never_replaces_a_newer_format_even_with_force(tmp_path):
+  out = _baseline(tmp_path)
+  _edit_manifest(out, format_version=store.FORMAT_VERSION + 1)
+  before = _snapshot(out)
+  with pytest.raises(FileExistsError, match="newer than this nnx-pool writes .* even with"):
+    write_baseline(out, {}, {"a": np.zeros(1)}, force=True)
+  assert _snapshot(out) == before
+
+
+class Crash(BaseException):
+  """The process dies here (as a SIGKILL would, but the test process lives on)."""
+
+
+# Every step of a record in order: (seam, which call of it crashes, what a reader sees then).
+CRASH_POINTS = [
+    ("_write_file", 1, "old"),  # half the arrays are in a temporary file
+    ("_fsync_dir", 1, "old"),  # the arrays file is in place, the manifest is not written
+    ("_write_file", 2, "old"),  # half the manifest is in a temporary file
+    ("_fsync_dir", 2, "new"),  # the manifest was swapped in: committed
+    ("_fsync_dir", 3, "new"),  # the old arrays file is not deleted yet
+]
+
+
+@pytest.mark.parametrize(("seam", "call", "sees"), CRASH_POINTS,
+                         ids=[f"{s}-{c}" for s, c, _ in CRASH_POINTS])
+def test_store_a_record_that_dies_at_any_point_leaves_old_or_new_whole(
+    tmp_path, monkeypatch, seam, call, sees):
   out = _baseline(tmp_path)
   before = read_baseline(out).arrays
+  new = {"a": np.full(3, 7.0), "c": np.zeros(2, ml_dtypes.bfloat16)}
+  real, calls = getattr(store, seam), []
 
-  def broken_write(path, arrays):
-    path.write_bytes(b"PK\x03\x04 half")
+  def dying(*args):
+    calls.append(args)
+    if len(calls) == call:
+      if seam == "_write_file":
+        args[0].write_bytes(args[1][: len(args[1]) // 2])
+      raise Crash
+    return real(*args)
+
+  monkeypatch.setattr(store, seam, dying)
+  with pytest.raises(Crash):
+    write_baseline(out, {"kind": "new"}, new, force=True)
+  monkeypatch.undo()
+  after = read_baseline(out)
+  expected = before if sees == "old" else new
+  assert after.manifest["kind"] == ("test" if sees == "old" else "new")
+  assert sorted(after.arrays) == sorted(expected)
+  assert all(_bits(after.arrays[k]) == _bits(np.asarray(expected[k])) for k in expected)
+  assert [p.name for p in tmp_path.iterdir()] == ["base"]
+  write_baseline(out, {"kind": "next"}, {"a": np.zeros(1)}, force=True)  # cleans up after it
+  assert sorted(os.listdir(out)) == sorted(["manifest.json", _arrays_file(out).name])
+
+
+def test_store_each_file_is_fsynced_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+  # Durability order: a rename may reach the disk only after the data it names, and
+  # the manifest (the commit) only after the arrays file it names.
+  out = _baseline(tmp_path)
+  events, real_fsync, real_replace = [], os.fsync, os.replace
+
+  def name(path: str) -> str:
+    return {str(out): "<dir>", str(tmp_path): "<parent>"}.get(path, Path(path).name[:5])
+
+  def fsync(fd):
+    events.append(("fsync", name(os.readlink(f"/proc/self/fd/{fd}"))))
+    real_fsync(fd)
+
+  def replace(src, dst):
+    events.append(("replace", Path(dst).name[:6]))
+    real_replace(src, dst)
+
+  monkeypatch.setattr(os, "fsync", fsync)
+  monkeypatch.setattr(os, "replace", replace)
+  write_baseline(out, {"kind": "new"}, {"a": np.zeros(3)}, force=True)
+  monkeypatch.undo()
+  assert events == [
+      ("fsync", ".tmp-"), ("replace", "arrays"), ("fsync", "<dir>"),
+      ("fsync", ".tmp-"), ("replace", "manife"), ("fsync", "<dir>"), ("fsync", "<parent>"),
+  ]
+
+
+def test_store_a_first_record_that_fails_leaves_nothing(tmp_path, monkeypatch):
+  def full_disk(path, data):
+    path.write_bytes(data[:10])
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(store, "_write_npz", broken_write)
+  monkeypatch.setattr(store, "_write_file", full_disk)
   with pytest.raises(OSError, match="No space left"):
-    write_baseline(out, {"kind": "new"}, {"a": np.zeros(3)}, force=True)
-  after = read_baseline(out)
-  assert after.manifest["kind"] == "test"
-  assert all(_bits(after.arrays[k]) == _bits(before[k]) for k in before)
-  assert [p.name for p in tmp_path.iterdir()] == ["base"]  # the temp dir was removed
+    write_baseline(tmp_path / "new", {}, {"a": np.zeros(3)})
+  assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("exchange", [True, False], ids=["rename-exchange", "two-renames"])
-def test_store_reads_during_forced_records_pair_each_manifest_with_its_arrays(
-    tmp_path, monkeypatch, exchange):
+def test_store_a_reader_whose_arrays_vanish_reads_the_new_manifest(tmp_path, monkeypatch):
+  # Deterministically: a record finishes between the reader's manifest and its arrays.
+  out = _baseline(tmp_path)
+  real, parsed = store._parse_manifest, []
+
+  def then_a_record_finishes(path, data):
+    parsed.append(real(path, data))
+    if len(parsed) == 1:
+      write_baseline(out, {"kind": "new"}, {"a": np.full(4, 2.0)}, force=True)
+    return parsed[-1]
+
+  monkeypatch.setattr(store, "_parse_manifest", then_a_record_finishes)
+  baseline = read_baseline(out)
+  assert [m["kind"] for m, _ in parsed] == ["test", "new"]  # it read the manifest again
+  assert baseline.manifest["kind"] == "new"
+  np.testing.assert_array_equal(baseline.arrays["a"], np.full(4, 2.0))
+
+
+def test_store_reads_during_forced_records_pair_each_manifest_with_its_arrays(tmp_path):
   # A writer replaces the baseline in a loop, alternating two recordings; every read
   # must see one whole recording (its manifest's "kind" matches its array), never a
-  # manifest of one and arrays of the other (a digest mismatch) or a missing file,
-  # also where the OS has no atomic exchange and the swap is two renames.
-  if not exchange:
-    monkeypatch.setattr(store, "_rename_exchange", lambda a, b: False)
+  # manifest of one and arrays of the other (a digest mismatch) or a missing file.
   out = tmp_path / "base"
   versions = {k: np.full(50_000, k, np.float32) for k in (1.0, 2.0)}
   write_baseline(out, {"kind": 1.0}, {"a": versions[1.0]})
-  stop = threading.Event()
+  stop, errors = threading.Event(), []
 
   def writer():
-    while not stop.is_set():
-      for kind, array in versions.items():
-        write_baseline(out, {"kind": kind}, {"a": array}, force=True)
+    try:
+      while not stop.is_set():
+        for kind, array in versions.items():
+          write_baseline(out, {"kind": kind}, {"a": array}, force=True)
+    except BaseException as e:  # reported below
+      errors.append(e)
 
   thread = threading.Thread(target=writer)
   thread.start()
@@ -217,54 +427,59 @@ def test_store_reads_during_forced_records_pair_each_manifest_with_its_arrays(
   finally:
     stop.set()
     thread.join()
+  assert errors == []
   assert seen == {1.0, 2.0}  # the reads did overlap the writes
 
 
-@pytest.mark.parametrize("name", ["manifest.json", "arrays.npz"])
-@pytest.mark.parametrize("kind", ["directory", "fifo"])
-def test_store_a_file_that_is_not_a_regular_file_is_refused_without_hanging(
-    tmp_path, name, kind):
-  out = _baseline(tmp_path)
-  (out / name).unlink()
-  if kind == "directory":
-    (out / name).mkdir()
-  else:
-    os.mkfifo(out / name)  # a reader that opened it blocking would wait for a writer
-  fds = len(os.listdir("/proc/self/fd"))
-  with pytest.raises(BaselineError, match=f"{name} is not a regular file"):
-    read_baseline(out)
-  assert len(os.listdir("/proc/self/fd")) == fds  # nothing left open
+def test_store_a_second_writer_waits_for_the_first_then_refuses_or_replaces(
+    tmp_path, monkeypatch):
+  # The first record is mid-write (holding the lock) when the second starts. The second
+  # must wait, then see the first one's baseline: without force it refuses, with force
+  # it replaces it whole. Without the lock it would write its own, then be overwritten.
+  out = tmp_path / "base"
+  real, inside, release = store._write_file, threading.Event(), threading.Event()
+
+  def slow_write(path, data):
+    inside.set()
+    release.wait(timeout=10)
+    real(path, data)
+
+  monkeypatch.setattr(store, "_write_file", slow_write)
+  results = {}
+  first = threading.Thread(target=lambda: results.update(first=_try_write(out, "first")))
+  first.start()
+  assert inside.wait(timeout=10)
+  second = threading.Thread(target=lambda: results.update(second=_try_write(out, "second")))
+  second.start()
+  time.sleep(0.3)
+  assert second.is_alive()  # waiting for the lock
+  release.set()
+  first.join(timeout=10)
+  second.join(timeout=10)
+  assert results == {"first": "written",
+                     "second": f"baseline {out} exists; pass --force to replace it."}
+  assert read_baseline(out).manifest["kind"] == "first"
+  assert _try_write(out, "third", force=True) == "written"
+  third = read_baseline(out)
+  assert third.manifest["kind"] == "third" and list(third.arrays) == ["third"]
+  assert sorted(os.listdir(out)) == sorted(["manifest.json", _arrays_file(out).name])
 
 
-def test_store_swap_without_atomic_exchange_still_replaces(tmp_path, monkeypatch):
-  # Where renameat2 is missing, two renames swap the directories.
-  out = _baseline(tmp_path)
-  monkeypatch.setattr(store, "_rename_exchange", lambda a, b: False)
-  write_baseline(out, {"kind": "new"}, {"a": np.zeros(3)}, force=True)
-  assert read_baseline(out).manifest["kind"] == "new"
-  assert [p.name for p in tmp_path.iterdir()] == ["base"]
+def _try_write(out: Path, kind: str, *, force: bool = False) -> str:
+  try:
+    write_baseline(out, {"kind": kind}, {kind: np.zeros(2)}, force=force)
+  except FileExistsError as e:
+    return str(e)
+  return "written"
 
 
-def test_store_crash_between_fallback_renames_points_at_the_old_baseline(tmp_path, monkeypatch):
-  out = _baseline(tmp_path)
-  monkeypatch.setattr(store, "_rename_exchange", lambda a, b: False)
-  real_rename = os.rename
-  calls = []
-
-  def crash_on_second(src, dst):
-    calls.append(src)
-    if len(calls) == 2:
-      raise KeyboardInterrupt  # the process dies between the two renames
-    real_rename(src, dst)
-
-  monkeypatch.setattr(store.os, "rename", crash_on_second)
-  with pytest.raises(KeyboardInterrupt):
-    write_baseline(out, {"kind": "new"}, {"a": np.zeros(3)}, force=True)
-  monkeypatch.setattr(store.os, "rename", real_rename)
-  with pytest.raises(BaselineError, match=r"interrupted record left the previous one at .*\.old-"):
-    read_baseline(out)
-  (old,) = tmp_path.glob(".base.old-*")
-  assert read_baseline(old).manifest["kind"] == "test"
+def test_store_stale_temporary_files_do_not_block_a_record(tmp_path):
+  # A first record killed mid-write leaves a directory holding only its temporary file.
+  out = tmp_path / "base"
+  out.mkdir()
+  (out / ".tmp-4242-deadbeef").write_bytes(b"PK\x03\x04 partial")
+  write_baseline(out, {"kind": "test"}, {"a": np.zeros(2)})  # no force needed: no baseline
+  assert sorted(os.listdir(out)) == sorted(["manifest.json", _arrays_file(out).name])
 
 
 # The child runs the real `record` command (a one-case stand-in batch) and stalls
@@ -272,20 +487,22 @@ def test_store_crash_between_fallback_renames_points_at_the_old_baseline(tmp_pat
 _KILLED_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    import jax.numpy as jnp
     from nnx_pool.regression import cli, store
     from nnx_pool.regression.batch import Batch, Case
 
     out, marker = Path(sys.argv[1]), Path(sys.argv[2])
+    real = store._write_file
 
-    def slow_write(path, arrays):
+    def slow_write(path, data):
+      if not data.startswith(b"PK"):  # the manifest
+        return real(path, data)
       with open(path, "wb") as f:
-        f.write(b"PK\\x03\\x04 partial npz")
+        f.write(data[:20])
         f.flush()
       marker.touch()
       time.sleep(60)
 
-    store._write_npz = slow_write
+    store._write_file = slow_write
     batch = lambda: Batch([Case("double", lambda: (lambda x: 2 * x), input="one")])
     sys.exit(cli.main(["record", "--out", str(out), "--force"], batch=batch))
 """)
@@ -293,7 +510,7 @@ _KILLED_CHILD = textwrap.dedent("""
 
 def test_store_record_killed_with_sigkill_leaves_the_old_baseline(tmp_path):
   out = _baseline(tmp_path)
-  before = (out / "arrays.npz").read_bytes(), (out / "manifest.json").read_bytes()
+  before = _snapshot(out)
   marker = tmp_path / "writing"
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
   child = subprocess.Popen(
@@ -314,17 +531,16 @@ def test_store_record_killed_with_sigkill_leaves_the_old_baseline(tmp_path):
     if child.poll() is None:
       child.kill()
     child.stderr.close()
-  assert ((out / "arrays.npz").read_bytes(), (out / "manifest.json").read_bytes()) == before
+  stale = sorted(set(os.listdir(out)) - set(before))
+  assert len(stale) == 1 and stale[0].startswith(".tmp-")  # the killed writer's temp file
+  assert {k: v for k, v in _snapshot(out).items() if k in before} == before
   assert read_baseline(out).manifest["kind"] == "test"
-  stale = list(tmp_path.glob(".base.tmp-*"))
-  assert len(stale) == 1  # the killed writer's temp dir, never swapped in
-  assert stale[0].stat().st_mode & 0o777 == 0o777 & ~store._umask()
   write_baseline(out, {"kind": "next"}, {"a": np.zeros(1)}, force=True)
-  assert not stale[0].exists()  # the next record removes it (its pid is dead)
+  assert not (out / stale[0]).exists()  # the next record removes it
   assert read_baseline(out).manifest["kind"] == "next"
 
 
 def test_store_npz_is_a_plain_zip_of_npy_files(tmp_path):
   out = _baseline(tmp_path)
-  with zipfile.ZipFile(out / "arrays.npz") as z:
+  with zipfile.ZipFile(_arrays_file(out)) as z:
     assert sorted(z.namelist()) == ["a.npy", "b.npy"]
