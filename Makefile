@@ -2,6 +2,8 @@
 # environment in .venv:
 #   make check   the regression check against the shipped baseline
 #   make test    the whole test suite
+# and, for maintainers: make test-quick (the suite without the tests marked slow),
+# make lint (ruff), make baseline (re-record the shipped baseline), make bench.
 # EXTRAS selects the optional dependencies; CI adds `parity` (PyTorch 2.13 CPU).
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +13,7 @@ comma := ,
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: check test test-floor bench clean
+.PHONY: check test test-quick test-floor lint baseline bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +24,19 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 check: $(STAMP)
 	$(BIN)/python -m nnx_pool.regression check
 
+# Re-records regression/baseline/ (the one the package ships) in place.
+baseline: $(STAMP)
+	$(BIN)/python -m nnx_pool.regression record --out regression/baseline --force
+
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint:
+	$(MAKE) $(VENV)/.installed-lint EXTRAS=lint
+	$(BIN)/ruff check .
 
 # The same suite on the oldest jax/flax that pyproject.toml admits (no torch).
 test-floor:
