@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-
 import functools
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -66,7 +65,11 @@ def _se_torch(torch, channels: int):
   w1, b1 = to_conv(se.fc1.kernel[...]), torch.from_numpy(np.array(se.fc1.bias[...]))
   w2, b2 = to_conv(se.fc2.kernel[...]), torch.from_numpy(np.array(se.fc2.bias[...]))
   conv = torch.nn.functional.conv2d
-  return lambda x: x * torch.sigmoid(conv(torch.relu(conv(x.mean((2, 3), keepdim=True), w1, b1)), w2, b2))
+  def se(x):
+    squeezed = torch.relu(conv(x.mean((2, 3), keepdim=True), w1, b1))
+    return x * torch.sigmoid(conv(squeezed, w2, b2))
+
+  return se
 
 
 CASES = [

@@ -12,8 +12,9 @@ of ``sum(y ** 2)`` with respect to the input) for three implementations:
 Compile time (``lower`` + ``compile``) is measured once and reported apart.
 Steady-state times are medians over rounds that run the three implementations
 of one pass in turn (the order rotating from round to round), after warmup,
-with ``block_until_ready``, so load on a shared machine hits them alike. The memory floor is the bytes a pass must read and write at
-least, over the copy bandwidth measured in the same process.
+with ``block_until_ready``, so load on a shared machine hits them alike. The
+memory floor is the bytes a pass must read and write at least, over the copy
+bandwidth measured in the same process.
 
 Run ``python -m benchmarks`` (``--help`` for options).
 """
@@ -106,9 +107,12 @@ def run_case(case: Case, rounds: int, warmup: int, bandwidth: float) -> dict:
   x_np = rng.standard_normal(case.shape, dtype=np.float32)
   x = jnp.asarray(x_np)
   ours, peer = case.ours(), case.flax
-  loss = lambda f: (lambda a: jnp.sum(f(a) ** 2))
+  def grad_of_square(f):
+    return jax.grad(lambda a: jnp.sum(f(a) ** 2))
+
   forward = [_jax_timer("ours", ours, x), _jax_timer("flax", peer, x)]
-  backward = [_jax_timer("ours", jax.grad(loss(ours)), x), _jax_timer("flax", jax.grad(loss(peer)), x)]
+  backward = [_jax_timer("ours", grad_of_square(ours), x),
+              _jax_timer("flax", grad_of_square(peer), x)]
   torch_timers = _torch_timers(case, x_np)
   if torch_timers is not None:
     forward.append(torch_timers[0])

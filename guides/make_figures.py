@@ -463,7 +463,7 @@ def equinox_bins(length: int, out: int) -> list[tuple[int, int]]:
   small, extra = divmod(length, out)
   sizes = [small + 1] * extra + [small] * (out - extra)
   starts = np.cumsum([0] + sizes[:-1])
-  return [(int(s), int(s + n)) for s, n in zip(starts, sizes)]
+  return [(int(s), int(s + n)) for s, n in zip(starts, sizes, strict=True)]
 
 
 def figure_adaptive_pooling() -> str:

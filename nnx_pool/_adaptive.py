@@ -108,7 +108,7 @@ def _parse_output_size(output_size, num_spatial_dims) -> tuple[int | None, ...]:
 
 
 def _resolve_out_shape(sizes: tuple[int | None, ...], spatial: tuple[int, ...]) -> tuple[int, ...]:
-  return tuple(length if t is None else t for t, length in zip(sizes, spatial))
+  return tuple(length if t is None else t for t, length in zip(sizes, spatial, strict=True))
 
 
 # ----------------------------------------------------------------------------
@@ -152,9 +152,9 @@ def _strided_window(spatial: tuple[int, ...], out_shape: tuple[int, ...]) -> Geo
   with the window's size; above ``_MAX_WINDOW_CELLS`` cells the per-dim path
   is used instead.
   """
-  if any(length % out for length, out in zip(spatial, out_shape)):
+  if any(length % out for length, out in zip(spatial, out_shape, strict=True)):
     return None
-  window = tuple(length // out for length, out in zip(spatial, out_shape))
+  window = tuple(length // out for length, out in zip(spatial, out_shape, strict=True))
   if math.prod(window) > _MAX_WINDOW_CELLS:
     return None
   return Window.create(window).resolve(spatial)
@@ -197,7 +197,7 @@ def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
   if geom is not None:
     total = window_sum(total, geom)
   else:
-    for axis, (length, out) in enumerate(zip(spatial, out_shape), start=1):
+    for axis, (length, out) in enumerate(zip(spatial, out_shape, strict=True), start=1):
       if length != out:
         grouped, _, _, valid = _group(total, axis, length, out)
         if valid is not None:  # surplus slots repeat a cell: drop them from the sum
@@ -205,7 +205,7 @@ def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
           grouped = jnp.where(mask, grouped, jnp.zeros((), grouped.dtype))
         total = grouped.sum(axis=axis + 1)
   # PyTorch divides by each dim's bin length in turn: sum / kd / kh / kw.
-  for axis, (length, out) in enumerate(zip(spatial, out_shape), start=1):
+  for axis, (length, out) in enumerate(zip(spatial, out_shape, strict=True), start=1):
     if length != out:
       start, end = _bins(length, out)
       total = true_divide(total, _along(end - start, axis, total.ndim))

@@ -131,7 +131,10 @@ def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -
 
 
 def _squeeze_width(in_features: int, squeeze_features, rd_ratio, rd_divisor) -> int:
-  """The hidden width: given, or timm's ``make_divisible(C * rd_ratio, rd_divisor, round_limit=0)``."""
+  """The hidden width: given, or timm's ``make_divisible(C * rd_ratio, rd_divisor, 0)``.
+
+  The last argument is timm's ``round_limit``.
+  """
   if squeeze_features is None:
     rd_ratio = check_number(rd_ratio, "rd_ratio", positive=True)
     squeeze_features = make_divisible(

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Union
 
 import numpy as np
 
@@ -36,9 +35,9 @@ MAX_SIZE = 2**63 - 1
 # The longest padded spatial dim: coordinates inside the kernels are int32.
 MAX_COORDINATE = 2**31 - 1
 
-PaddingLike = Union[str, int, Sequence[int], Sequence[tuple[int, int]]]
+PaddingLike = str | int | Sequence[int] | Sequence[tuple[int, int]]
 # A resolved padding spec: "VALID", "SAME", or one (low, high) pair per dim.
-PaddingSpec = Union[str, tuple[tuple[int, int], ...]]
+PaddingSpec = str | tuple[tuple[int, int], ...]
 
 _PADDING_FORMS = (
     '"VALID" or "SAME" (any case), an int (both sides of every dim), '
@@ -149,7 +148,7 @@ class Window:
           "the output size up (out = ceil(L / stride)). Use ceil_mode=False."
       )
     if not isinstance(spec, str):
-      for dim, ((lo, hi), k, d) in enumerate(zip(spec, shape, dilation)):
+      for dim, ((lo, hi), k, d) in enumerate(zip(spec, shape, dilation, strict=True)):
         half = (d * (k - 1) + 1) // 2
         if lo > half or hi > half:
           raise ValueError(
@@ -298,7 +297,7 @@ def _out_size(length: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: 
 def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
   dims = []
   for axis, (length, k, s, d) in enumerate(
-      zip(spatial_shape, window.shape, window.strides, window.dilation)
+      zip(spatial_shape, window.shape, window.strides, window.dilation, strict=True)
   ):
     e = d * (k - 1) + 1
     if window.padding == "VALID":

@@ -134,14 +134,15 @@ def taps(x: jax.Array, geom: Geometry, value, *, shared_pad: bool) -> Iterator[j
       config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in geom.pads), (0, 0, 0)]
       x = lax.pad(x, fill, config)
     for offset in itertools.product(*(range(d.window) for d in geom.dims)):
-      start = (0, *(j * d.dilation for j, d in zip(offset, geom.dims)), 0)
-      ends = (s + (d.out - 1) * d.stride + 1 for s, d in zip(start[1:-1], geom.dims))
+      start = (0, *(j * d.dilation for j, d in zip(offset, geom.dims, strict=True)), 0)
+      ends = (s + (d.out - 1) * d.stride + 1 for s, d in zip(start[1:-1], geom.dims, strict=True))
       limit = (x.shape[0], *ends, x.shape[-1])
       yield lax.slice(x, start, limit, (1, *(d.stride for d in geom.dims), 1))
     return
   for combo in itertools.product(*(_tap_phases(d) for d in geom.dims)):
     # A phase may start past the end (ceil mode, a stride over L + 1): an empty slice.
-    start = (0, *(min(phase, d.length) for (phase, _, _), d in zip(combo, geom.dims)), 0)
+    firsts = (min(phase, d.length) for (phase, _, _), d in zip(combo, geom.dims, strict=True))
+    start = (0, *firsts, 0)
     view = lax.slice(x, start, x.shape, (1, *(d.stride for d in geom.dims), 1))
     if any(low or high for _, low, high in combo):
       config = [(0, 0, 0), *((low, high, 0) for _, low, high in combo), (0, 0, 0)]
@@ -249,7 +250,7 @@ def _scatter(ct: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax
   # Pad the cotangent (and offsets, with -1 that matches no tap) so that every
   # unit-stride shift below stays in range.
   pads = []
-  for d, (q, per_phase) in zip(geom.dims, phases):
+  for d, (q, per_phase) in zip(geom.dims, phases, strict=True):
     shifts = [shift for taps_ in per_phase for _, shift in taps_] or [0]
     pads.append((max(0, -min(shifts)), max(0, q - 1 + max(shifts) - (d.out - 1))))
   config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)]
@@ -261,14 +262,15 @@ def _scatter(ct: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax
 
   def phase_block(rs: tuple[int, ...]) -> jax.Array:
     total = None
-    for combo in itertools.product(*(per_phase[r] for (_, per_phase), r in zip(phases, rs))):
+    chosen = (per_phase[r] for (_, per_phase), r in zip(phases, rs, strict=True))
+    for combo in itertools.product(*chosen):
       offset = 0
       start = [0]
-      for (j, shift), d, (lo, _) in zip(combo, geom.dims, pads):
+      for (j, shift), d, (lo, _) in zip(combo, geom.dims, pads, strict=True):
         offset = offset * d.window + j
         start.append(lo + shift)
       start.append(0)
-      limit = [a + b for a, b in zip(start, block_shape)]
+      limit = [a + b for a, b in zip(start, block_shape, strict=True)]
       term = lax.slice(ct, start, limit)
       if arg is not None:
         term = jnp.where(lax.slice(arg, start, limit) == offset, term, zero)
@@ -411,7 +413,8 @@ def _stage_select(
     else:
       combined = first_payload
   tap_dtype = jnp.int32
-  first_tap = d.first_real_tap().reshape((1,) * (axis + 1) + (d.out,) + (1,) * (best.ndim - axis - 2))
+  first_tap = d.first_real_tap().reshape(
+      (1,) * (axis + 1) + (d.out,) + (1,) * (best.ndim - axis - 2))
   arg = jnp.broadcast_to(jnp.asarray(first_tap, tap_dtype), best.shape)
   for j in range(1, d.window):
     tap = next(value_taps)

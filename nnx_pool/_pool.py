@@ -95,7 +95,8 @@ class AvgPool(_WindowPool):
       divisor_override: int | None = None,
       in_features: int | None = None,
   ):
-    super().__init__(Window.create(window_shape, strides, padding, ceil_mode=ceil_mode), in_features)
+    window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode)
+    super().__init__(window, in_features)
     self.count_include_pad = check_bool(count_include_pad, "count_include_pad")
     divisor_override = check_positive_int(divisor_override, "divisor_override", optional=True)
     if divisor_override is not None and divisor_override > MAX_SIZE:

@@ -66,7 +66,8 @@ class MaxUnpool(nnx.Module):
     """PyTorch's output size for a pooled spatial shape: ``(in - 1) * s - 2 * p + k``."""
     return tuple(
         (n - 1) * s - 2 * p + k
-        for n, s, p, k in zip(input_size, self.strides, self.padding, self.window_shape)
+        for n, s, p, k in zip(
+            input_size, self.strides, self.padding, self.window_shape, strict=True)
     )
 
   def _output_size(self, input_size, output_size) -> tuple[int, ...]:
@@ -78,7 +79,7 @@ class MaxUnpool(nnx.Module):
       if isinstance(output_size, Sequence) and len(output_size) in (ndim + 1, ndim + 2):
         output_size = tuple(output_size)[-ndim - 1:-1]  # a full (N, *spatial, C) shape
       size = as_tuple(output_size, ndim, "output_size")
-      for dim, (want, base, s) in enumerate(zip(size, default, self.strides)):
+      for dim, (want, base, s) in enumerate(zip(size, default, self.strides, strict=True)):
         if not base - s < want < base + s:
           raise ValueError(
               f"`output_size` {tuple(size)} is out of range: spatial dim {dim} must lie "

@@ -245,7 +245,7 @@ def _resolve_padding(
     if padding == "VALID":
       return [(0, 0)] * nd
     if padding == "SAME":
-      return [same_padding(*args) for args in zip(spatial, window, strides, dilation)]
+      return [same_padding(*args) for args in zip(spatial, window, strides, dilation, strict=True)]
     raise ValueError(f"padding must be 'VALID', 'SAME' or (low, high) pairs, got {padding!r}")
   if not isinstance(padding, Sequence) or len(padding) != nd:
     raise ValueError(f"padding must be {nd} (low, high) pairs, got {padding!r}")
@@ -270,7 +270,7 @@ def _geometry(
   spatial = tuple(x.shape[1:-1])
   pads = _resolve_padding(padding, spatial, window, strides, dilation)
   dims = []
-  for length, k, s, d, (lo, hi) in zip(spatial, window, strides, dilation, pads):
+  for length, k, s, d, (lo, hi) in zip(spatial, window, strides, dilation, pads, strict=True):
     out = output_size(length, k, s, lo, hi, dilation=d, ceil_mode=ceil_mode)
     dims.append(_Dim(length, k, s, d, lo, hi, out))
   return dims
@@ -279,7 +279,7 @@ def _geometry(
 def _flat_index(cell: Sequence[int], spatial: Sequence[int]) -> int:
   """PyTorch's flat per-plane index of ``cell``: ``(d*H + h)*W + w`` and so on."""
   index = 0
-  for c, length in zip(cell, spatial):
+  for c, length in zip(cell, spatial, strict=True):
     index = index * length + c
   return index
 
@@ -298,7 +298,7 @@ Cells = list[tuple[int, ...]]
 def _sliding_windows(dims: Sequence[_Dim]) -> Iterator[tuple[tuple[int, ...], Cells]]:
   """Yields ``(output position, real cells)`` for every window, row-major."""
   for pos in itertools.product(*(range(d.out) for d in dims)):
-    per_dim = [d.real_coords(o) for d, o in zip(dims, pos)]
+    per_dim = [d.real_coords(o) for d, o in zip(dims, pos, strict=True)]
     yield pos, list(itertools.product(*per_dim))
 
 
@@ -308,7 +308,7 @@ def _torch_start_index(dims: Sequence[_Dim], pos: Sequence[int]) -> int:
   Equal to the flat index of the window's first real cell when it has one.
   """
   index = 0
-  for d, o in zip(dims, pos):
+  for d, o in zip(dims, pos, strict=True):
     index = index * d.length + d.first_tap(o)
   return index
 
@@ -317,9 +317,9 @@ def _adaptive_windows(
   spatial: Sequence[int], out: Sequence[int],
 ) -> Iterator[tuple[tuple[int, ...], Cells]]:
   """Yields ``(output position, cells)`` for every adaptive bin, row-major."""
-  bins = [adaptive_bins(length, t) for length, t in zip(spatial, out)]
+  bins = [adaptive_bins(length, t) for length, t in zip(spatial, out, strict=True)]
   for pos in itertools.product(*(range(t) for t in out)):
-    per_dim = [range(*b[o]) for b, o in zip(bins, pos)]
+    per_dim = [range(*b[o]) for b, o in zip(bins, pos, strict=True)]
     yield pos, list(itertools.product(*per_dim))
 
 
@@ -394,7 +394,7 @@ def _avg_pool_f64(
     if divisor_override is not None:
       divisor = int(divisor_override)
     elif count_include_pad:
-      divisor = math.prod(d.padded_extent(o) for d, o in zip(dims, pos))
+      divisor = math.prod(d.padded_extent(o) for d, o in zip(dims, pos, strict=True))
     else:
       divisor = len(cells)
       if divisor == 0:
@@ -595,7 +595,7 @@ def _adaptive_out(
     raise ValueError(f"adaptive pooling needs non-empty spatial dims, got {x.shape}")
   out = tuple(
     length if t is None else _check_int(t, f"output_size[{i}]", 1)
-    for i, (length, t) in enumerate(zip(spatial, output_size))
+    for i, (length, t) in enumerate(zip(spatial, output_size, strict=True))
   )
   return x, out
 
@@ -692,13 +692,13 @@ def max_unpool(
   padding = (0,) * nd if padding is None else _check_tuple(padding, "padding", nd, 0)
   in_spatial = x.shape[1:-1]
   default = tuple(
-    (i - 1) * s - 2 * p + k for i, s, p, k in zip(in_spatial, strides, padding, window)
+    (i - 1) * s - 2 * p + k for i, s, p, k in zip(in_spatial, strides, padding, window, strict=True)
   )
   if output_size is None:
     out_spatial = default
   else:
     out_spatial = _check_tuple(output_size, "output_size", nd, 1)
-    for d, (size, base, s) in enumerate(zip(out_spatial, default, strides)):
+    for d, (size, base, s) in enumerate(zip(out_spatial, default, strides, strict=True)):
       if not base - s < size < base + s:
         raise ValueError(
           f"output_size[{d}] = {size} must lie strictly between {base - s} and {base + s}"

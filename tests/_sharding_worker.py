@@ -160,14 +160,16 @@ def _leaves(tree) -> list[np.ndarray]:
 
 def _compare(actual, expected, exact: bool, tol: float) -> dict:
   a, e = _leaves(actual), _leaves(expected)
-  if len(a) != len(e) or any(x.shape != y.shape or x.dtype != y.dtype for x, y in zip(a, e)):
+  if len(a) != len(e) or any(
+      x.shape != y.shape or x.dtype != y.dtype for x, y in zip(a, e, strict=True)):
     return {"equal": False, "max_abs": None, "why": "structure, shape or dtype differs"}
   max_abs = max(
-      [float(np.max(np.abs(x.astype(np.float64) - y))) for x, y in zip(a, e) if x.size] or [0.0])
+      [float(np.max(np.abs(x.astype(np.float64) - y)))
+       for x, y in zip(a, e, strict=True) if x.size] or [0.0])
   if exact:
-    equal = all(np.array_equal(x, y) for x, y in zip(a, e))
+    equal = all(np.array_equal(x, y) for x, y in zip(a, e, strict=True))
   else:
-    equal = all(np.allclose(x, y, rtol=tol, atol=tol) for x, y in zip(a, e))
+    equal = all(np.allclose(x, y, rtol=tol, atol=tol) for x, y in zip(a, e, strict=True))
   return {"equal": bool(equal), "max_abs": max_abs, "tolerance": 0.0 if exact else tol}
 
 

@@ -7,20 +7,19 @@ or PyTorch 2.13 CPU. The PyTorch tests skip cleanly when torch is absent.
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from flax import nnx
 
 from nnx_pool import _adaptive, reference
 from nnx_pool._adaptive import (
-    AdaptiveAvgPool,
-    AdaptiveMaxPool,
-    GlobalAvgPool,
-    GlobalMaxPool,
-    SelectAdaptivePool,
+  AdaptiveAvgPool,
+  AdaptiveMaxPool,
+  GlobalAvgPool,
+  GlobalMaxPool,
+  SelectAdaptivePool,
 )
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
@@ -203,7 +202,7 @@ def test_adaptivepool_fast_paths_agree_with_per_dim_path(monkeypatch):
   fast = AdaptiveMaxPool((4, 3), return_indices=True)(x), AdaptiveAvgPool((4, 3))(x)
   monkeypatch.setattr(_adaptive, "_MAX_WINDOW_CELLS", 0)
   slow = AdaptiveMaxPool((4, 3), return_indices=True)(x), AdaptiveAvgPool((4, 3))(x)
-  for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(slow)):
+  for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(slow), strict=True):
     np.testing.assert_array_equal(a, b)
 
 
@@ -369,7 +368,7 @@ def test_adaptivepools_match_pytorch_sweep():
 
   def ours(xs, avg_xs):
     results = []
-    for (spatial, out, batched), x, xa in zip(configs, xs, avg_xs):
+    for (spatial, out, batched), x, xa in zip(configs, xs, avg_xs, strict=True):
       if not batched:  # unbatched: fold the four kinds into the channel axis
         x = jnp.moveaxis(x, 0, -2).reshape(*spatial, -1)
         xa = jnp.moveaxis(xa, 0, -2).reshape(*spatial, -1)
@@ -378,10 +377,10 @@ def test_adaptivepools_match_pytorch_sweep():
     return results
 
   for (spatial, out, batched), x, xa, (values, indices, avg) in zip(
-      configs, inputs, avg_inputs, jax.jit(ours)(inputs, avg_inputs)):
+      configs, inputs, avg_inputs, jax.jit(ours)(inputs, avg_inputs), strict=True):
     if not batched:
-      unfold = lambda a: np.moveaxis(np.asarray(a).reshape(*a.shape[:-1], 4, 2), -2, 0)
-      values, indices, avg = unfold(values), unfold(indices), unfold(avg)
+      values, indices, avg = (np.moveaxis(np.asarray(a).reshape(*a.shape[:-1], 4, 2), -2, 0)
+                              for a in (values, indices, avg))
     t_values, t_indices = _torch_adaptive(torch, x, out, "max")
     (t_avg,) = _torch_adaptive(torch, xa, out, "avg")
     msg = f"spatial={spatial} output_size={out} batched={batched}"
@@ -397,26 +396,26 @@ def test_adaptivepools_gradients_match_pytorch():
   configs = [c for c in _parity_configs() if c[2]][:8]
   # Finite inputs with ties (kinds 0 and 1): the max gradient must land where PyTorch's does.
   inputs = [_parity_inputs(spatial, rng)[:2] for spatial, _, _ in configs]
-  shapes = [(2, *(s if t is None else t for s, t in zip(spatial, out)), 2)
+  shapes = [(2, *(s if t is None else t for s, t in zip(spatial, out, strict=True)), 2)
             for spatial, out, _ in configs]
   cotangents = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
 
   def grads(xs, gs):
     out = []
-    for (_, size, _), x, g in zip(configs, xs, gs):
+    for (_, size, _), x, g in zip(configs, xs, gs, strict=True):
       g_max = jax.vjp(AdaptiveMaxPool(size), x)[1](g)[0]
       g_avg = jax.vjp(AdaptiveAvgPool(size), x)[1](g)[0]
       out.append((g_max, g_avg))
     return out
 
   for (spatial, size, _), x, g, (g_max, g_avg) in zip(
-      configs, inputs, cotangents, jax.jit(grads)(inputs, cotangents)):
+      configs, inputs, cotangents, jax.jit(grads)(inputs, cotangents), strict=True):
     gt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(g, -1, 1)))
     expected = []
     for kind in ("max", "avg"):
       xt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1))).requires_grad_()
       fn = getattr(torch.nn.functional, f"adaptive_{kind}_pool{len(spatial)}d")
-      fn(xt, tuple(s if t is None else t for s, t in zip(spatial, size))).backward(gt)
+      fn(xt, tuple(s if t is None else t for s, t in zip(spatial, size, strict=True))).backward(gt)
       expected.append(np.moveaxis(xt.grad.numpy(), 1, -1))
     msg = f"spatial={spatial} output_size={size}"
     np.testing.assert_array_equal(g_max, expected[0], err_msg=msg)

@@ -481,7 +481,8 @@ def check_all() -> list[dict]:
     for module, call, message in row.cases():
       raised, got = run_row(call)
       if (raised, got) != (row.raises, message):
-        failures.append({"call": call, "expected": [row.raises, message], "got": [raised, got]})
+        failures.append({"module": module, "call": call, "expected": [row.raises, message],
+                         "got": [raised, got]})
   return failures
 
 

@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from flax import nnx
 
 from nnx_pool._gates import (
-    CBAM,
-    EfficientChannelAttention,
-    EffectiveSqueezeExcitation,
-    SqueezeExcitation,
-    eca_kernel_size,
-    hard_sigmoid,
-    make_divisible,
+  CBAM,
+  EffectiveSqueezeExcitation,
+  EfficientChannelAttention,
+  SqueezeExcitation,
+  eca_kernel_size,
+  hard_sigmoid,
+  make_divisible,
 )
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"

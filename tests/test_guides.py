@@ -42,7 +42,7 @@ def _prose(page: Path) -> str:
   return re.sub(r"`[^`]*`", "", text)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render(name: str) -> str:
   """One figure drawn now (each separately, so one broken drawing fails only its tests)."""
   return make_figures.FIGURES[name]()
@@ -55,8 +55,10 @@ def test_guides_committed_figure_matches_rendering(name):
   committed = path.read_text(encoding="utf-8")
   if committed != _render(name):
     old, new = committed.splitlines(), _render(name).splitlines()
+    # The two files may differ in length: stop at the shorter one.
     first = next(
-        (i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new))
+        (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
+        min(len(old), len(new)),
     )
     pytest.fail(
         f"guides/figures/{name} differs from what guides/make_figures.py draws from the "

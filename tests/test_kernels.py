@@ -110,7 +110,7 @@ def test_both_tap_spellings_read_the_same_cells(length, window, stride, dilation
   phases = list(K.taps(x, geom, -7.0, shared_pad=False))
   shared = list(K.taps(x, geom, -7.0, shared_pad=True))
   assert len(phases) == len(shared) == geom.size
-  for j, (a, b) in enumerate(zip(phases, shared)):
+  for j, (a, b) in enumerate(zip(phases, shared, strict=True)):
     assert a.shape == b.shape == (2, *geom.out_shape, 3), j
     np.testing.assert_array_equal(a, b, err_msg=f"tap {j}")
 

@@ -179,7 +179,8 @@ def test_maxpool_dilation_and_gradient():
   values, indices = MaxPool(2, 1, dilation=2, return_indices=True)(x)
   np.testing.assert_array_equal(values[0, :, 0], [1, 5, 2])
   np.testing.assert_array_equal(indices[0, :, 0], [2, 1, 4])
-  grad = jax.grad(lambda x: jnp.sum(MaxPool(2, 1, dilation=2)(x) * jnp.arange(1.0, 4.0)[None, :, None]))(x)
+  weights = jnp.arange(1.0, 4.0)[None, :, None]
+  grad = jax.grad(lambda x: jnp.sum(MaxPool(2, 1, dilation=2)(x) * weights))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 2, 1, 0, 3])
 
 
@@ -250,7 +251,8 @@ def test_separable_pools_keep_one_position_for_a_single_window_dim(
 
 def test_pool_unbatched_equals_batched():
   x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 6, 5, 2)), jnp.float32)
-  for module in (AvgPool((2, 2), 1, 1), MaxPool((3, 2), (2, 1)), MinPool((2, 2)), LPPool(2, (2, 2))):
+  modules = (AvgPool((2, 2), 1, 1), MaxPool((3, 2), (2, 1)), MinPool((2, 2)), LPPool(2, (2, 2)))
+  for module in modules:
     np.testing.assert_array_equal(module(x[1]), module(x)[1])
   values, indices = MaxPool((2, 2), return_indices=True)(x[0])
   assert values.shape == indices.shape == (3, 2, 2)
@@ -383,7 +385,8 @@ def test_avgpool_gradient_of_tiling_windows_matches_mirror(window, ceil_mode):
 
 @pytest.mark.parametrize(
     "module",
-    [AvgPool((3, 3), 2, 1, ceil_mode=True), LPPool(2.5, (2, 2), 1, ceil_mode=True), LPPool(2, (3, 2))],
+    [AvgPool((3, 3), 2, 1, ceil_mode=True), LPPool(2.5, (2, 2), 1, ceil_mode=True),
+     LPPool(2, (3, 2))],
     ids=["avg", "lp2.5", "lp2"],
 )
 def test_pool_gradient_matches_finite_differences(module):
@@ -400,7 +403,10 @@ def test_maxpool_second_order_is_zero_and_forward_mode_works():
   _, t_out = jax.jvp(MaxPool((2, 2)), (x,), (tangent,))
   np.testing.assert_array_equal(plane(t_out), [[5, 6], [13, 11]])
   # Reverse over reverse: d/dx of the gradient of sum(y**2) is 2 at each argmax cell.
-  grad_of_grad = jax.grad(lambda x: jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) ** 2))(x).sum())(x)
+  def grad_of_square(x):
+    return jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) ** 2))(x)
+
+  grad_of_grad = jax.grad(lambda x: grad_of_square(x).sum())(x)
   expected = np.zeros(16, np.float32)
   expected[[5, 6, 13, 11]] = 2
   np.testing.assert_array_equal(plane(grad_of_grad), expected.reshape(4, 4))
@@ -413,15 +419,18 @@ def test_maxpool_second_order_is_zero_and_forward_mode_works():
     "build, error, match",
     [
         (lambda: MaxPool(0), ValueError, "`window_shape` entries must be >= 1; got 0"),
-        (lambda: MaxPool((2, 2), (1, 0)), ValueError, r"`strides` entries must be >= 1; got \(1, 0\)"),
+        (lambda: MaxPool((2, 2), (1, 0)), ValueError,
+         r"`strides` entries must be >= 1; got \(1, 0\)"),
         (lambda: MaxPool((2, 2), dilation=-1), ValueError, "`dilation` entries must be >= 1"),
         (lambda: AvgPool((2, 2), padding="full"), ValueError, "`padding` must be"),
         (lambda: AvgPool((2, 2), padding=[1, 1, 1]), ValueError, "one entry per spatial dim"),
         (lambda: AvgPool((3, 3), 1, 2), ValueError, "at most half the effective window"),
         (lambda: AvgPool((2, 2, 2, 2)), ValueError, "1, 2 or 3 entries"),
         (lambda: AvgPool("2"), TypeError, "`window_shape` must be an int or a tuple"),
-        (lambda: AvgPool(2, divisor_override=0), ValueError, "`divisor_override` must be a positive"),
-        (lambda: AvgPool(2, count_include_pad=None), TypeError, "`count_include_pad` must be a bool"),
+        (lambda: AvgPool(2, divisor_override=0), ValueError,
+         "`divisor_override` must be a positive"),
+        (lambda: AvgPool(2, count_include_pad=None), TypeError,
+         "`count_include_pad` must be a bool"),
         (lambda: MaxPool(2, return_indices="yes"), TypeError, "`return_indices` must be a bool"),
         (lambda: LPPool(0, 2), ValueError, "`norm_type` must be a positive finite number"),
         (lambda: LPPool(float("inf"), 2), ValueError, "`norm_type` must be a positive finite"),
@@ -483,7 +492,8 @@ def test_pool_checks_survive_python_O():
         ((2, 2, 2), (1, 2, 2), ((1, 1), (0, 0), (1, 1)), (1, 1, 2), True, (1, 4, 5, 6, 2)),
     ],
 )
-def test_maxpool_gradient_matches_mirror(dtype, window, strides, padding, dilation, ceil_mode, shape):
+def test_maxpool_gradient_matches_mirror(
+    dtype, window, strides, padding, dilation, ceil_mode, shape):
   # NumPy mirror (nnx_pool.reference): each output's cotangent added to its argmax cell.
   from nnx_pool import reference
 

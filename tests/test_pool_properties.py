@@ -28,8 +28,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import nnx_pool
-from nnx_pool import AvgPool, LPPool, MaxPool, MinPool
-from nnx_pool import reference
+from nnx_pool import AvgPool, LPPool, MaxPool, MinPool, reference
 
 # Deterministic, no example database in the repository, no per-example deadline
 # (the first call of a shape compiles).
@@ -128,7 +127,7 @@ def configs(draw, kind, *, max_size=None, beyond_half=False, separable=False):
   dilation = (1,) * ndim
   if kind in ("max", "min") and draw(st.booleans()):
     dilation = tuple(draw(st.integers(1, 3)) for _ in range(ndim))
-  effective = [d * (k - 1) + 1 for k, d in zip(window, dilation)]
+  effective = [d * (k - 1) + 1 for k, d in zip(window, dilation, strict=True)]
   ceil_mode = draw(st.booleans())
   modes = ["VALID", "SAME", "explicit", "explicit"]
   mode = "VALID" if kind == "lp" else draw(st.sampled_from(modes))
@@ -148,7 +147,7 @@ def configs(draw, kind, *, max_size=None, beyond_half=False, separable=False):
   max_size = max_size or {1: 9, 2: 6, 3: 4}[ndim]
   spatial = tuple(
       draw(st.integers(max(1, e - lo - hi - 1), max(1, e - lo - hi - 1) + max_size - 1))
-      for e, (lo, hi) in zip(effective, pairs)
+      for e, (lo, hi) in zip(effective, pairs, strict=True)
   )
   window_arg = window[0] if ndim == 1 and draw(st.booleans()) else window
   if strides == window and draw(st.booleans()):
@@ -181,7 +180,7 @@ def _predicted_out_shape(cfg: Config) -> tuple[int, ...] | None:
     return None  # our rule: SAME already rounds up
   out_shape = []
   for length, k, s, d, (lo, hi) in zip(
-      cfg.spatial, cfg.window, cfg.strides, cfg.dilation, cfg.pairs
+      cfg.spatial, cfg.window, cfg.strides, cfg.dilation, cfg.pairs, strict=False
   ):
     effective = d * (k - 1) + 1
     if cfg.padding_mode == "SAME":

@@ -147,8 +147,9 @@ def _draw(
   ceil_mode = bool(rng.random() < 0.5)
   if same and rng.random() < 0.15:
     # "SAME" where it is symmetric and within PyTorch's limit: PyTorch can express it.
-    pairs = [_same_pads(n, k, s, d) for n, k, s, d in zip(spatial, kernel, stride, dil)]
-    if any(lo != hi or lo > k // 2 for (lo, hi), k in zip(pairs, kernel)):
+    pairs = [_same_pads(n, k, s, d)
+             for n, k, s, d in zip(spatial, kernel, stride, dil, strict=True)]
+    if any(lo != hi or lo > k // 2 for (lo, hi), k in zip(pairs, kernel, strict=True)):
       return None
     pad = tuple(lo for lo, _ in pairs)
     padding = "SAME" if rng.random() < 0.5 else "same"
@@ -159,9 +160,10 @@ def _draw(
   else:
     pad = (0,) * ndim
     padding = "VALID" if explicit_padding else None
-  if any(_torch_out(*args, ceil_mode) < 1 for args in zip(spatial, kernel, stride, pad, dil)):
+  dims = zip(spatial, kernel, stride, pad, dil, strict=True)
+  if any(_torch_out(*args, ceil_mode) < 1 for args in dims):
     return None
-  dims = zip(spatial, kernel, stride, pad, dil)
+  dims = zip(spatial, kernel, stride, pad, dil, strict=True)
   if not all(_every_window_has_a_cell(*dim, ceil_mode) for dim in dims):
     # PyTorch 2.13 does not refuse a dilated window that lies wholly in the padding: it
     # returns -inf at an index past the input, and its backward corrupts the heap. Ours
@@ -307,7 +309,7 @@ def _cotangent(rng, shape) -> np.ndarray:
 
 def _jit_all(fns, args):
   """Runs ``fns[i](*args[i])`` for every configuration in one jitted program."""
-  return jax.device_get(jax.jit(lambda args: [f(*a) for f, a in zip(fns, args)])(args))
+  return jax.device_get(jax.jit(lambda args: [f(*a) for f, a in zip(fns, args, strict=True)])(args))
 
 
 def _compare(failures, cfg, what, ours, theirs, exact):
@@ -392,7 +394,7 @@ def _check_select(kind, ndim, seed, configs):
     args.append((_fold(x, cfg.batched), None if g is None else _fold(g, cfg.batched)))
   results = _jit_all(fns, args)
   failures = []
-  for (cfg, ref, ref_cl), (values, indices, grad) in zip(cases, results):
+  for (cfg, ref, ref_cl), (values, indices, grad) in zip(cases, results, strict=True):
     # PyTorch 2.13's channels_last_3d max_pool3d drops the depth term, (d*H + h)*W + w, from
     # the index of a window whose max is the start value (-inf, or int32 min) when C is not
     # a multiple of the vector width (see
@@ -474,7 +476,7 @@ def test_avgpool_matches_torch(ndim):
     args.append((_fold(x, cfg.batched), None if g is None else _fold(g, cfg.batched)))
   results = _jit_all(fns, args)
   failures = []
-  for (cfg, ref, ref_cl), (values, grad) in zip(cases, results):
+  for (cfg, ref, ref_cl), (values, grad) in zip(cases, results, strict=True):
     for label, (t_values, t_grad) in (("contiguous", ref), ("channels_last", ref_cl)):
       _compare(failures, cfg, f"{label} values", _unfold(values, cfg.batched), t_values, False)
       if cfg.grad:
@@ -512,8 +514,8 @@ def test_lppool_matches_torch(ndim):
     args.append((_fold(x, cfg.batched),))
   results = _jit_all(fns, args)
   failures = []
-  for (cfg, refs), values in zip(cases, results):
-    for label, ref in zip(("contiguous", "channels_last"), refs):
+  for (cfg, refs), values in zip(cases, results, strict=True):
+    for label, ref in zip(("contiguous", "channels_last"), refs, strict=True):
       _compare(failures, cfg, f"{label} values", _unfold(values, cfg.batched), ref, False)
   _report(failures, len(configs), "LPPool")
 

@@ -535,10 +535,10 @@ def _window_config(
     pads = tuple(int(rng.integers(0, k // 2 + 1)) if pad else 0 for k in window)
     spatial = tuple(int(n) for n in rng.integers(1, _MAX_LEN[nd] + 1, size=nd))
     ceil_mode = bool(rng.integers(2))
-    if fit_unpadded and any(n < k for n, k in zip(spatial, window)):
+    if fit_unpadded and any(n < k for n, k in zip(spatial, window, strict=True)):
       continue
     try:
-      for length, k, s, p, d in zip(spatial, window, strides, pads, dilation):
+      for length, k, s, p, d in zip(spatial, window, strides, pads, dilation, strict=True):
         ref.output_size(length, k, s, p, p, dilation=d, ceil_mode=ceil_mode)
     except ValueError:
       continue
@@ -548,7 +548,7 @@ def _window_config(
 
 def _has_empty_window(shape, window, strides, pad, dilation, ceil_mode) -> bool:
   """Whether some dilated window has no tap inside the input (a PyTorch quirk case)."""
-  for length, k, s, p, d in zip(shape[1:-1], window, strides, pad, dilation):
+  for length, k, s, p, d in zip(shape[1:-1], window, strides, pad, dilation, strict=True):
     out = ref.output_size(length, k, s, p, p, dilation=d, ceil_mode=ceil_mode)
     for o in range(out):
       if not any(0 <= o * s - p + j * d < length for j in range(k)):
@@ -668,15 +668,17 @@ def test_parity_max_unpool(seed):
   strides = tuple(int(s) for s in rng.integers(1, 4, size=nd))
   pad = tuple(int(rng.integers(0, k // 2 + 1)) for k in window)
   in_spatial = tuple(int(n) for n in rng.integers(1, 4, size=nd))
-  default = [(i - 1) * s - 2 * p + k for i, s, p, k in zip(in_spatial, strides, pad, window)]
+  default = [(i - 1) * s - 2 * p + k
+             for i, s, p, k in zip(in_spatial, strides, pad, window, strict=True)]
   if min(default) < 1:  # e.g. one input cell, k2 p1: drop the padding
     pad = (0,) * nd
-    default = [(i - 1) * s + k for i, s, k in zip(in_spatial, strides, window)]
+    default = [(i - 1) * s + k for i, s, k in zip(in_spatial, strides, window, strict=True)]
   output_size = None
   out_spatial = default
   if seed % 2:
     # Anywhere strictly within one stride of the default (and at least 1).
-    out_spatial = [max(d + int(rng.integers(-s + 1, s)), 1) for d, s in zip(default, strides)]
+    out_spatial = [max(d + int(rng.integers(-s + 1, s)), 1)
+                   for d, s in zip(default, strides, strict=True)]
     output_size = tuple(out_spatial)
   plane = math.prod(out_spatial)
   shape = (int(rng.integers(1, 3)), *in_spatial, int(rng.integers(1, 4)))

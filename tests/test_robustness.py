@@ -225,7 +225,7 @@ def unpool_configs(draw):
   strides = tuple(draw(st.integers(1, 3)) for _ in range(nd))
   padding = tuple(draw(st.integers(0, k // 2)) for k in window)
   spatial = tuple(draw(st.integers(max(1, k - 2 * p), k - 2 * p + 4))
-                  for k, p in zip(window, padding))
+                  for k, p in zip(window, padding, strict=True))
   shift = tuple(draw(st.integers(-(s - 1), s - 1)) for s in strides)
   return dict(window=window, strides=strides, padding=padding, spatial=spatial,
               shift=shift if draw(st.booleans()) else None,
@@ -251,7 +251,7 @@ def test_max_unpool_matches_mirror(cfg, dtype):
   if cfg["shift"] is not None:
     default = MaxUnpool(cfg["window"], cfg["strides"], cfg["padding"]).default_output_size(
         values.shape[1:-1])
-    output_size = tuple(d + s for d, s in zip(default, cfg["shift"]))
+    output_size = tuple(d + s for d, s in zip(default, cfg["shift"], strict=True))
     assume(min(output_size) >= 1)
   unpool = MaxUnpool(cfg["window"], cfg["strides"], cfg["padding"])
   try:  # NumPy mirror: PyTorch's MaxUnpool, the later of two equal indices wins
@@ -297,7 +297,7 @@ def _conv_same(maps: np.ndarray, kernel: np.ndarray) -> np.ndarray:
   out = np.zeros((*maps.shape[:-1], kernel.shape[-1]))
   spatial = maps.shape[1:-1]
   for offset in itertools.product(*(range(k) for k in kernel.shape[:nd])):
-    window = padded[(slice(None), *(slice(o, o + n) for o, n in zip(offset, spatial)))]
+    window = padded[(slice(None), *(slice(o, o + n) for o, n in zip(offset, spatial, strict=True)))]
     out += window @ kernel[offset]
   return out
 
@@ -688,7 +688,8 @@ def test_unpool_output_past_int32_is_refused():
   unpooled = jax.eval_shape(lambda v, i: MaxUnpool((2, 2), 2**15)(v, i), values, indices)
   assert unpooled.shape == (1, 32770, 32770, 1)
   # Stride 2**16: 65538 per dim, 4295229444 cells.
-  with pytest.raises(ValueError, match=r"spatial shape \(65538, 65538\) has 4295229444 cells") as info:
+  too_big = r"spatial shape \(65538, 65538\) has 4295229444 cells"
+  with pytest.raises(ValueError, match=too_big) as info:
     jax.eval_shape(lambda v, i: MaxUnpool((2, 2), 2**16)(v, i), values, indices)
   assert raised_by_nnx_pool(info.value)
 

@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nnx_pool import MaxPool, MaxUnpool
-from nnx_pool import reference
+from nnx_pool import MaxPool, MaxUnpool, reference
 
 GRID = np.array(
     [[1, 2, 5, 6], [3, 4, 8, 7], [0, -1, -3, -2], [-4, 9, -6, -5]], dtype=np.float32
@@ -92,14 +91,18 @@ def test_maxunpool_bad_input():
     ],
 )
 def test_maxunpool_matches_torch(window, strides, padding, shape):
-  torch = pytest.importorskip("torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
+  torch = pytest.importorskip(
+      "torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
   x = np.random.default_rng(1).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
   values, indices = MaxPool(window, strides, padding, return_indices=True)(x)
   ndim = len(shape) - 2
   y = MaxUnpool(window, strides, padding)(values, indices, output_size=shape[1:-1])
   unpool = {1: torch.nn.functional.max_unpool1d, 2: torch.nn.functional.max_unpool2d,
             3: torch.nn.functional.max_unpool3d}[ndim]
-  to_torch = lambda a: torch.from_numpy(np.moveaxis(np.array(a), -1, 1))
+
+  def to_torch(a):
+    return torch.from_numpy(np.moveaxis(np.array(a), -1, 1))
+
   expected = unpool(
       to_torch(values), to_torch(indices).long(), window, strides, padding,
       output_size=shape[1:-1],
