@@ -548,6 +548,7 @@ def test_errors_table_names_every_public_module():
              and issubclass(getattr(nnx_pool, n), nnx.Module)}
   assert modules <= {m for row in ROWS for m in row.modules}
 
+@pytest.mark.slow
 def test_errors_table_holds_under_python_O():
   # -O strips assert statements: a refusal written as an assert would vanish there.
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}

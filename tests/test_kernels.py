@@ -155,6 +155,7 @@ def test_select_matches_reference(case, kind):
     np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", IDS)
 def test_max_grad_matches_reference_and_unrolled(case):
   geom = _geom(case)
@@ -205,6 +206,7 @@ def test_select_second_derivative_is_zero():
   np.testing.assert_array_equal(np.asarray(hvp), 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", IDS)
 def test_window_sum_matches_unrolled_and_reference(case):
   geom = _geom(case)

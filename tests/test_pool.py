@@ -471,6 +471,7 @@ def test_pool_in_features_mismatch_names_nchw_and_the_fix():
   assert pool(jnp.zeros((2, 8, 8, 3))).shape == (2, 4, 4, 3)
 
 
+@pytest.mark.slow
 def test_pool_checks_survive_python_O():
   code = (
       "from nnx_pool import MaxPool\n"

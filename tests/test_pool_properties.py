@@ -318,6 +318,7 @@ def test_lppool_matches_mirror(cfg):
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
 
+@pytest.mark.slow
 @settings(max_examples=20, **_SETTINGS)
 @given(cfg=st.one_of(configs("max", separable=True), configs("min", separable=True)))
 def test_separable_maxpool_minpool_match_mirror(cfg):
@@ -338,6 +339,7 @@ def test_separable_maxpool_minpool_match_mirror(cfg):
       ceil_mode=cfg.ceil_mode, kind=cfg.kind))
 
 
+@pytest.mark.slow
 @settings(max_examples=15, **_SETTINGS)
 @given(cfg=st.one_of(configs("avg", separable=True), configs("lp", separable=True)))
 def test_separable_avgpool_lppool_match_mirror(cfg):

@@ -8,9 +8,12 @@ upgrade check that the README's `make check` runs.
 
 import json
 
+import pytest
+
 from nnx_pool.regression.cli import main
 
 
+@pytest.mark.slow
 def test_shipped_baseline_passes_in_this_environment(tmp_path, capsys):
   report_path = tmp_path / "check.json"
   code = main(["check", "--json", str(report_path)])

@@ -45,6 +45,9 @@ from flax import nnx
 
 import nnx_pool
 
+# One interpreter with 8 simulated devices, about 25 s: `make test-quick` leaves it out.
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_sharding_worker.py"
 AXIS_TYPES = ("Explicit", "Auto")
