@@ -224,7 +224,8 @@ def figure_average_pooling() -> str:
 
 
 def figure_same_padding() -> str:
-  from nnx_pool import AvgPool, reference
+  from nnx_pool import AvgPool, output_shape
+  from nnx_pool._geometry import Window
 
   x = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32).reshape(1, 2, 2, 1)
   kwargs = dict(strides=1, padding="SAME")
@@ -233,8 +234,11 @@ def figure_same_padding() -> str:
   sums = np.asarray(AvgPool((2, 2), divisor_override=1, **kwargs)(x))[0, ..., 0]
   # Real cells per window: the sum over an input of ones, padding being zeros.
   real = np.asarray(AvgPool((2, 2), divisor_override=1, **kwargs)(np.ones_like(x)))[0, ..., 0]
-  lo, hi = reference.same_padding(2, 2, 1)
+  # The pads SAME places, from the one geometry the modules use.
+  (lo, hi), _ = Window.create(2, 1, "SAME").resolve((2, 2)).pads
   size = 2 + lo + hi
+  if output_shape(x.shape, 2, 1, "SAME") != x.shape or size != (2 - 1) * 1 + 2:
+    raise RuntimeError("SAME with stride 1 must keep the 2x2 shape, windows spanning the pad")
   padded = np.zeros((size, size), dtype=np.float32)
   padded[lo:lo + 2, lo:lo + 2] = x[0, ..., 0]
   is_pad = np.ones((size, size), dtype=bool)

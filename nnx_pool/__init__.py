@@ -25,8 +25,8 @@ if TYPE_CHECKING:
   from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
   from nnx_pool._gates import SqueezeExcitation as SqueezeExcitation
   from nnx_pool._gates import eca_kernel_size as eca_kernel_size
-  from nnx_pool._gates import hard_sigmoid as hard_sigmoid
   from nnx_pool._gates import make_divisible as make_divisible
+  from nnx_pool._geometry import output_shape as output_shape
   from nnx_pool._pool import AvgPool as AvgPool
   from nnx_pool._pool import LPPool as LPPool
   from nnx_pool._pool import MaxPool as MaxPool
@@ -47,19 +47,24 @@ _WHERE = {
     "EfficientChannelAttention": "_gates",
     "SqueezeExcitation": "_gates",
     "eca_kernel_size": "_gates",
-    "hard_sigmoid": "_gates",
     "make_divisible": "_gates",
     "AvgPool": "_pool",
     "LPPool": "_pool",
     "MaxPool": "_pool",
     "MinPool": "_pool",
     "MaxUnpool": "_unpool",
+    "output_shape": "_geometry",
 }
 
-__all__ = sorted(_WHERE)
+# Public submodules, also loaded on first use: the functional twins and the NumPy mirror.
+_SUBMODULES = ("functional", "reference")
+
+__all__ = sorted([*_WHERE, *_SUBMODULES])
 
 
 def __getattr__(name: str) -> Any:
+  if name in _SUBMODULES:
+    return importlib.import_module(f"nnx_pool.{name}")
   if name not in _WHERE:
     raise AttributeError(f"module 'nnx_pool' has no attribute {name!r}")
   value = getattr(importlib.import_module(f"nnx_pool.{_WHERE[name]}"), name)
@@ -68,4 +73,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-  return sorted({*globals(), *_WHERE})
+  return sorted({*globals(), *_WHERE, *_SUBMODULES})

@@ -1,21 +1,16 @@
 """Global, adaptive and selectable pooling over 1, 2 or 3 spatial dims, channels-last.
 
 Inputs are ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``. The number of
-spatial dims is never guessed from the rank:
-
-* the global pools take ``num_spatial_dims`` (default 2);
-* the adaptive pools take it from ``len(output_size)`` for a tuple; an int
-  ``output_size`` applies to ``num_spatial_dims`` dims (default 2, the
-  ``AdaptiveAvgPool2d(1)`` case). Note that this differs from the window pools,
-  where an int window means one spatial dim.
-
-So a rank of ``num_spatial_dims + 2`` is batched and ``num_spatial_dims + 1``
+spatial dims is never guessed from the rank; it follows the rule of every
+module (:func:`nnx_pool._geometry.spatial_dims`): a tuple ``output_size`` sets
+it by its length, an int is repeated over ``num_spatial_dims``, default 2 (the
+``AdaptiveAvgPool2d(1)`` case). The global pools take ``num_spatial_dims``
+alone. A rank of ``num_spatial_dims + 2`` is batched, ``num_spatial_dims + 1``
 unbatched.
 
-Adaptive bins are PyTorch's: bin ``i`` of ``T`` over a length ``L`` covers
-``[floor(i*L/T), ceil((i+1)*L/T))``, computed here in exact integer arithmetic
-(PyTorch uses float32, which can round differently for huge sizes). Bins may
-overlap, ``T > L`` is allowed, and ``None`` keeps a dim. These are not
+Adaptive bins are PyTorch's (:func:`nnx_pool._geometry.adaptive_bins`): bin
+``i`` of ``T`` over a length ``L`` covers ``[floor(i*L/T), ceil((i+1)*L/T))``.
+Bins may overlap, ``T > L`` is allowed, and ``None`` keeps a dim. These are not
 Equinox's bins, which partition the input without overlap.
 
 How it is computed (all bin geometry is static, known at trace time):
@@ -59,8 +54,17 @@ from flax import nnx
 from jax import lax
 
 from nnx_pool._args import check_bool, check_num_spatial_dims, is_int
-from nnx_pool._geometry import Geometry, Window
-from nnx_pool._kernels import accumulation_dtype, flat_indices, select, true_divide, window_sum
+from nnx_pool._geometry import adaptive_bins, adaptive_window, spatial_dims
+from nnx_pool._kernels import (
+  accumulation_dtype,
+  arg_extremum,
+  flat_indices,
+  kernel,
+  select,
+  spatial_mean,
+  true_divide,
+  window_sum,
+)
 from nnx_pool._layout import (
   DtypeKind,
   check_in_features,
@@ -71,7 +75,8 @@ from nnx_pool._layout import (
 
 _POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")
 # The largest window (in cells) for which a divisible adaptive pool runs on the
-# shared window kernels; see _strided_window.
+# shared window kernels, which unroll one strided slice per window cell: fastest
+# for small windows, but compile time grows with the window.
 _MAX_WINDOW_CELLS = 64
 
 
@@ -83,23 +88,16 @@ _MAX_WINDOW_CELLS = 64
 def _parse_output_size(output_size, num_spatial_dims) -> tuple[int | None, ...]:
   """Returns one entry per spatial dim: a positive int, or None to keep that dim."""
   forms = (
-      "an int (applied to `num_spatial_dims` dims, default 2) or a tuple of 1 to 3 "
+      "an int (repeated over `num_spatial_dims`, default 2) or a tuple of 1 to 3 "
       "entries, each a positive int or None (keep that dim)"
   )
+  ndim = spatial_dims(num_spatial_dims, output_size=output_size)
   if is_int(output_size):
-    ndim = 2 if num_spatial_dims is None else check_num_spatial_dims(num_spatial_dims)
     sizes = (output_size,) * ndim
   elif isinstance(output_size, Sequence) and not isinstance(output_size, str):
     sizes = tuple(output_size)
-    if not 1 <= len(sizes) <= 3:
-      raise ValueError(f"`output_size` must be {forms}; got {output_size!r}.")
     if not all(s is None or is_int(s) for s in sizes):
       raise TypeError(f"`output_size` must be {forms}; got {output_size!r}.")
-    if num_spatial_dims is not None and check_num_spatial_dims(num_spatial_dims) != len(sizes):
-      raise ValueError(
-          f"`output_size` {output_size!r} has {len(sizes)} entries but "
-          f"`num_spatial_dims` is {num_spatial_dims}; give one or make them agree."
-      )
   else:
     raise TypeError(f"`output_size` must be {forms}; got {output_size!r}.")
   if any(s is not None and s < 1 for s in sizes):
@@ -116,13 +114,6 @@ def _resolve_out_shape(sizes: tuple[int | None, ...], spatial: tuple[int, ...]) 
 # ----------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=512)
-def _bins(length: int, out: int) -> tuple[np.ndarray, np.ndarray]:
-  """PyTorch's adaptive bins ``[start, end)`` of ``out`` bins over ``length``, exactly."""
-  i = np.arange(out, dtype=np.int64)
-  return (i * length) // out, -((-(i + 1) * length) // out)
-
-
 def _group(a: jax.Array, axis: int, length: int, out: int):
   """Splits ``axis`` of ``a`` into ``(out, K)`` bin slots; ``K`` is the longest bin.
 
@@ -132,7 +123,7 @@ def _group(a: jax.Array, axis: int, length: int, out: int):
   with every slot valid; otherwise a gather whose surplus slots repeat the
   bin's last cell.
   """
-  start, end = _bins(length, out)
+  start, end = adaptive_bins(length, out)
   if length % out == 0:
     k = length // out
     shape = a.shape[:axis] + (out, k) + a.shape[axis + 1:]
@@ -141,23 +132,6 @@ def _group(a: jax.Array, axis: int, length: int, out: int):
   slots = np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1)
   valid = start[:, None] + np.arange(k)[None, :] < end[:, None]
   return jnp.take(a, slots, axis=axis), start, end, valid
-
-
-def _strided_window(spatial: tuple[int, ...], out_shape: tuple[int, ...]) -> Geometry | None:
-  """The window pool an adaptive pool equals, when every dim divides and the window is small.
-
-  With ``L % T == 0`` in every dim the bins are non-overlapping windows of
-  ``L // T`` cells at stride ``L // T``. The shared window kernels unroll one
-  strided slice per window cell, which is fastest for small windows but grows
-  with the window's size; above ``_MAX_WINDOW_CELLS`` cells the per-dim path
-  is used instead.
-  """
-  if any(length % out for length, out in zip(spatial, out_shape, strict=True)):
-    return None
-  window = tuple(length // out for length, out in zip(spatial, out_shape, strict=True))
-  if math.prod(window) > _MAX_WINDOW_CELLS:
-    return None
-  return Window.create(window).resolve(spatial)
 
 
 def _along(vector: np.ndarray, axis: int, ndim: int) -> np.ndarray:
@@ -172,28 +146,14 @@ def _along(vector: np.ndarray, axis: int, ndim: int) -> np.ndarray:
 # ----------------------------------------------------------------------------
 
 
-@jax.jit
-def spatial_mean(x: jax.Array) -> jax.Array:
-  """Mean over every spatial axis of a batched ``x``, kept as size-1 axes.
-
-  The sum accumulates in float32 for float16/bfloat16 and the result is cast
-  back; the division by the cell count is correctly rounded (PyTorch's
-  ``x.mean((2, 3))`` and ``adaptive_avg_pool2d(x, 1)``).
-  """
-  axes = tuple(range(1, x.ndim - 1))
-  total = jnp.sum(x, axis=axes, keepdims=True, dtype=accumulation_dtype(x.dtype))
-  count = np.prod(x.shape[1:-1], dtype=np.int64)
-  return true_divide(total, count).astype(x.dtype)
-
-
-@functools.partial(jax.jit, static_argnums=1)
+@kernel(static_argnums=1)
 def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
   """PyTorch's adaptive average pool of a batched float ``x`` to ``out_shape``."""
   spatial = x.shape[1:-1]
   if all(t == 1 for t in out_shape):
     return spatial_mean(x)
   total = x.astype(accumulation_dtype(x.dtype))
-  geom = _strided_window(spatial, out_shape)
+  geom = adaptive_window(spatial, out_shape, _MAX_WINDOW_CELLS)
   if geom is not None:
     total = window_sum(total, geom)
   else:
@@ -207,30 +167,9 @@ def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
   # PyTorch divides by each dim's bin length in turn: sum / kd / kh / kw.
   for axis, (length, out) in enumerate(zip(spatial, out_shape, strict=True), start=1):
     if length != out:
-      start, end = _bins(length, out)
+      start, end = adaptive_bins(length, out)
       total = true_divide(total, _along(end - start, axis, total.ndim))
   return total.astype(x.dtype)
-
-
-def _max_and_slot(grouped: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
-  """The maximum over the slots on ``axis`` and PyTorch's winning slot (int32).
-
-  The winner is the first maximum, or the last NaN when there is one. Plain
-  min/max reductions over slot numbers, which fuse, rather than an argmax.
-  NaN is propagated explicitly: on CPU, jaxlib 0.10.2 lowers some float
-  ``reduce_max`` calls to a YNNPACK fusion that drops NaN (even returning
-  -inf), so the reduction alone is trusted only on NaN-free slots.
-  """
-  k = grouped.shape[axis]
-  slot = lax.broadcasted_iota(jnp.int32, grouped.shape, axis)
-  best = jnp.max(grouped, axis=axis)
-  winner = jnp.min(jnp.where(grouped == jnp.expand_dims(best, axis), slot, k), axis=axis)
-  if jnp.issubdtype(grouped.dtype, jnp.floating):
-    nan = jnp.isnan(grouped)
-    has_nan = jnp.any(nan, axis=axis)
-    best = jnp.where(has_nan, jnp.asarray(jnp.nan, best.dtype), best)
-    winner = jnp.where(has_nan, jnp.max(jnp.where(nan, slot, -1), axis=axis), winner)
-  return best, winner
 
 
 def _max_and_index(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
@@ -254,7 +193,7 @@ def _max_and_index(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array,
       coord = lax.broadcasted_iota(jnp.int32, values.shape, axis)
     else:
       grouped, start, end, _ = _group(values, axis, length, out)
-      values, slot = _max_and_slot(grouped, axis + 1)
+      values, slot = arg_extremum(grouped, axis + 1, "max")
       if index is not None:
         chosen = lax.broadcasted_iota(jnp.int32, grouped.shape, axis + 1) == jnp.expand_dims(
             slot, axis + 1)
@@ -305,7 +244,7 @@ def _max_select_jvp(out_shape, primals, tangents):
   return (values, index), (_take_plane(t, index), np.zeros(index.shape, jax.dtypes.float0))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@kernel(static_argnums=(1, 2))
 def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool = False):
   """PyTorch's adaptive max pool of a batched ``x``: values, and int32 flat indices if asked.
 
@@ -313,7 +252,8 @@ def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool 
   cell per output, also on ties), in forward and reverse mode. Without
   ``return_indices`` and a derivative, the index work is compiled away.
   """
-  geom = None if all(t == 1 for t in out_shape) else _strided_window(x.shape[1:-1], out_shape)
+  geom = (None if all(t == 1 for t in out_shape)
+          else adaptive_window(x.shape[1:-1], out_shape, _MAX_WINDOW_CELLS))
   if geom is not None:
     values, offset = select(x, geom, "max", return_indices)
     return (values, flat_indices(offset, geom)) if return_indices else values
@@ -325,52 +265,109 @@ def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool 
 
 
 # ----------------------------------------------------------------------------
-# Modules.
+# Functions: the one implementation, which the modules below call.
 # ----------------------------------------------------------------------------
 
 
-class _Pool(nnx.Module):
-  """Shared plumbing: the number of spatial dims, the optional channel check, batching."""
-
-  def __init__(self, num_spatial_dims: int, in_features):
-    self.num_spatial_dims = num_spatial_dims
-    self.in_features = check_in_features(in_features)
-
-  def _prepare(self, inputs, kind: DtypeKind, *, indexed: bool) -> tuple[jax.Array, bool]:
-    """The batched input, checked; ``indexed``: a max, whose flat indices must fit in int32."""
-    module = type(self).__name__
-    x, batched = prepare(
-        inputs, self.num_spatial_dims, kind=kind, module=module, in_features=self.in_features)
-    check_nonempty_spatial(x, module)
-    if indexed:
-      check_plane_indexable(x.shape[1:-1], module, " The max keeps one (for its gradient too).")
-    return x, batched
+def _prepare(inputs, ndim: int, kind: DtypeKind, in_features, name: str, *, indexed: bool):
+  """The batched input, checked; ``indexed``: a max, whose flat indices must fit in int32."""
+  x, batched = prepare(inputs, ndim, kind=kind, module=name, in_features=in_features)
+  check_nonempty_spatial(x, name)
+  if indexed:
+    check_plane_indexable(x.shape[1:-1], name, " The max keeps one (for its gradient too).")
+  return x, batched
 
 
-class _GlobalPool(_Pool):
-  """A reduction over every spatial axis; subclasses give ``_reduce``, ``_kind``, ``_indexed``."""
+def _unbatch(out, batched: bool):
+  return out if batched else jax.tree.map(lambda a: a[0], out)
+
+
+def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_features, name):
+  x, batched = _prepare(inputs, num_spatial_dims, kind, in_features, name,
+                        indexed=kind == "ordered")
+  y = spatial_mean(x) if kind == "float" else adaptive_max(x, (1,) * num_spatial_dims)
+  y = y if keepdims else y.reshape(y.shape[0], y.shape[-1])
+  return _unbatch(y, batched)
+
+
+def global_avg_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False,
+                    in_features: int | None = None) -> jax.Array:
+  """The function form of :class:`GlobalAvgPool`, with the same arguments and checks."""
+  return _global(inputs, "float", check_num_spatial_dims(num_spatial_dims),
+                 check_bool(keepdims, "keepdims"), check_in_features(in_features),
+                 "global_avg_pool")
+
+
+def global_max_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False,
+                    in_features: int | None = None) -> jax.Array:
+  """The function form of :class:`GlobalMaxPool`, with the same arguments and checks."""
+  return _global(inputs, "ordered", check_num_spatial_dims(num_spatial_dims),
+                 check_bool(keepdims, "keepdims"), check_in_features(in_features),
+                 "global_max_pool")
+
+
+def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, name):
+  """Adaptive pooling of ``inputs`` to ``sizes`` (None keeps a dim), by ``pool_type``."""
+  kind: DtypeKind = "ordered" if pool_type == "max" else "float"
+  x, batched = _prepare(inputs, len(sizes), kind, in_features, name, indexed=pool_type != "avg")
+  out_shape = _resolve_out_shape(sizes, x.shape[1:-1])
+  if pool_type == "avg":
+    y = adaptive_avg(x, out_shape)
+  elif pool_type == "max":
+    y = adaptive_max(x, out_shape, return_indices)
+  elif pool_type == "avgmax":
+    y = 0.5 * (adaptive_avg(x, out_shape) + adaptive_max(x, out_shape))
+  else:
+    y = jnp.concatenate([adaptive_avg(x, out_shape), adaptive_max(x, out_shape)], axis=-1)
+  return _unbatch(y, batched)
+
+
+def adaptive_avg_pool(inputs, output_size, *, num_spatial_dims: int | None = None,
+                      in_features: int | None = None) -> jax.Array:
+  """The function form of :class:`AdaptiveAvgPool`, with the same arguments and checks.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import functional as F
+    >>> F.adaptive_avg_pool(jnp.arange(14.0).reshape(1, 14, 1), (4,))[0, :, 0]
+    Array([ 1.5,  4.5,  8.5, 11.5], dtype=float32)
+  """
+  return _adaptive(inputs, _parse_output_size(output_size, num_spatial_dims), "avg", False,
+                   check_in_features(in_features), "adaptive_avg_pool")
+
+
+def adaptive_max_pool(inputs, output_size, *, num_spatial_dims: int | None = None,
+                      return_indices: bool = False, in_features: int | None = None):
+  """The function form of :class:`AdaptiveMaxPool`, with the same arguments and checks."""
+  return _adaptive(inputs, _parse_output_size(output_size, num_spatial_dims), "max",
+                   check_bool(return_indices, "return_indices"), check_in_features(in_features),
+                   "adaptive_max_pool")
+
+
+# ----------------------------------------------------------------------------
+# Modules.
+# ----------------------------------------------------------------------------
+
+class _GlobalPool(nnx.Module):
+  """A reduction over every spatial axis; subclasses give ``_kind``."""
 
   _kind: DtypeKind
-  _indexed: bool  # whether _reduce computes flat indices
 
   def __init__(
       self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
   ):
-    super().__init__(check_num_spatial_dims(num_spatial_dims), in_features)
+    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
     self.keepdims = check_bool(keepdims, "keepdims")
-
-  def _reduce(self, x: jax.Array) -> jax.Array:
-    raise NotImplementedError
+    self.in_features = check_in_features(in_features)
 
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
 
     With ``keepdims=True`` the spatial axes stay, with size 1.
     """
-    x, batched = self._prepare(inputs, self._kind, indexed=self._indexed)
-    y = self._reduce(x)
-    y = y if self.keepdims else y.reshape(y.shape[0], y.shape[-1])
-    return y if batched else y[0]
+    return _global(inputs, self._kind, self.num_spatial_dims, self.keepdims, self.in_features,
+                   type(self).__name__)
 
 
 class GlobalAvgPool(_GlobalPool):
@@ -400,10 +397,6 @@ class GlobalAvgPool(_GlobalPool):
   """
 
   _kind: DtypeKind = "float"
-  _indexed = False
-
-  def _reduce(self, x: jax.Array) -> jax.Array:
-    return spatial_mean(x)
 
 
 class GlobalMaxPool(_GlobalPool):
@@ -423,22 +416,19 @@ class GlobalMaxPool(_GlobalPool):
     Array([4., 7.], dtype=float32)
 
   Args:
-    num_spatial_dims: how many axes between batch and channels are spatial, 1, 2
-      or 3 (default 2). A rank of ``num_spatial_dims + 2`` is batched and
-      ``num_spatial_dims + 1`` unbatched.
-    keepdims: keep the spatial axes with size 1 (default False).
-    in_features: the channel count, checked against the last axis when given
-      (default None).
+    num_spatial_dims: the number of axes, between the batch and the channels,
+      that the max is taken over: 1, 2 or 3 (default 2). Inputs of rank
+      ``num_spatial_dims + 2`` are batched, of rank ``num_spatial_dims + 1`` not.
+    keepdims: whether the result keeps each spatial axis, with length 1
+      (default False: ``(N, C)``).
+    in_features: when given, the length the channel axis must have (default
+      None: any).
   """
 
   _kind: DtypeKind = "ordered"
-  _indexed = True
-
-  def _reduce(self, x: jax.Array) -> jax.Array:
-    return adaptive_max(x, (1,) * self.num_spatial_dims)
 
 
-class AdaptiveAvgPool(_Pool):
+class AdaptiveAvgPool(nnx.Module):
   """Average over PyTorch's adaptive bins, channels-last, in 1, 2 or 3 spatial dims.
 
   Output ``j`` of ``T`` along a dim of length ``L`` averages input cells
@@ -467,17 +457,16 @@ class AdaptiveAvgPool(_Pool):
   def __init__(self, output_size, *, num_spatial_dims: int | None = None,
                in_features: int | None = None):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
-    super().__init__(len(self.output_size), in_features)
+    self.num_spatial_dims = len(self.output_size)
+    self.in_features = check_in_features(in_features)
 
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
-    x, batched = self._prepare(inputs, "float", indexed=False)
-    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1])
-    y = adaptive_avg(x, out_shape)
-    return y if batched else y[0]
+    return _adaptive(inputs, self.output_size, "avg", False, self.in_features,
+                     type(self).__name__)
 
 
-class AdaptiveMaxPool(_Pool):
+class AdaptiveMaxPool(nnx.Module):
   """Max over PyTorch's adaptive bins, channels-last, in 1, 2 or 3 spatial dims.
 
   Bins as :class:`AdaptiveAvgPool`. On ties the first maximum in row-major
@@ -494,11 +483,11 @@ class AdaptiveMaxPool(_Pool):
     (Array([3., 4., 5.], dtype=float32), Array([0, 2, 4], dtype=int32))
 
   Args:
-    output_size: the output spatial shape: a tuple of 1 to 3 entries, each a
-      positive int or None (keep that dim), or an int for every one of
-      ``num_spatial_dims`` dims.
-    num_spatial_dims: the number of spatial dims, 1, 2 or 3 (default None: the
-      length of a tuple ``output_size``, or 2 for an int).
+    output_size: how many bins per spatial dim: an int for each of
+      ``num_spatial_dims`` dims, or a tuple of 1 to 3 entries, each a positive
+      int or None (that dim keeps its length).
+    num_spatial_dims: 1, 2 or 3, keyword-only (default None: a tuple
+      ``output_size`` gives its length, an int means 2).
     return_indices: also return PyTorch's int32 flat per-plane index of each
       selected cell (``h * W + w`` in 2-D), in the output's shape (default False).
     in_features: the channel count, checked against the last axis when given
@@ -508,8 +497,9 @@ class AdaptiveMaxPool(_Pool):
   def __init__(self, output_size, *, num_spatial_dims: int | None = None,
                return_indices: bool = False, in_features: int | None = None):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
-    super().__init__(len(self.output_size), in_features)
+    self.num_spatial_dims = len(self.output_size)
     self.return_indices = check_bool(return_indices, "return_indices")
+    self.in_features = check_in_features(in_features)
 
   def __call__(self, inputs) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``.
@@ -517,13 +507,11 @@ class AdaptiveMaxPool(_Pool):
     Returns:
       The pooled array; with ``return_indices=True``, ``(values, indices)``.
     """
-    x, batched = self._prepare(inputs, "ordered", indexed=True)
-    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1])
-    out = adaptive_max(x, out_shape, self.return_indices)
-    return out if batched else jax.tree.map(lambda a: a[0], out)
+    return _adaptive(inputs, self.output_size, "max", self.return_indices, self.in_features,
+                     type(self).__name__)
 
 
-class SelectAdaptivePool(_Pool):
+class SelectAdaptivePool(nnx.Module):
   """Adaptive pooling chosen by name, as timm's ``SelectAdaptivePool2d``, channels-last.
 
   ``pool_type`` is one of:
@@ -562,9 +550,10 @@ class SelectAdaptivePool(_Pool):
     if not isinstance(pool_type, str) or pool_type not in _POOL_TYPES:
       raise ValueError(f"`pool_type` must be one of {_POOL_TYPES}; got {pool_type!r}.")
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
-    super().__init__(len(self.output_size), in_features)
+    self.num_spatial_dims = len(self.output_size)
     self.pool_type = pool_type
     self.flatten = check_bool(flatten, "flatten")
+    self.in_features = check_in_features(in_features)
 
   def feat_mult(self) -> int:
     """How many times the input channels the output has: 2 for ``"catavgmax"``, else 1."""
@@ -575,17 +564,9 @@ class SelectAdaptivePool(_Pool):
 
     Unbatched ``(*spatial, C)`` gives ``(*out, C * feat_mult())`` or ``(features,)``.
     """
-    x, batched = self._prepare(inputs, "ordered" if self.pool_type == "max" else "float",
-                               indexed=self.pool_type != "avg")
-    out_shape = _resolve_out_shape(self.output_size, x.shape[1:-1])
-    if self.pool_type == "avg":
-      y = adaptive_avg(x, out_shape)
-    elif self.pool_type == "max":
-      y = adaptive_max(x, out_shape)
-    elif self.pool_type == "avgmax":
-      y = 0.5 * (adaptive_avg(x, out_shape) + adaptive_max(x, out_shape))
-    else:
-      y = jnp.concatenate([adaptive_avg(x, out_shape), adaptive_max(x, out_shape)], axis=-1)
+    y = _adaptive(inputs, self.output_size, self.pool_type, False, self.in_features,
+                  type(self).__name__)
     if self.flatten:
-      y = y.reshape(y.shape[0], math.prod(y.shape[1:]))  # not -1: N may be 0
-    return y if batched else y[0]
+      batched = y.ndim == self.num_spatial_dims + 2
+      y = y.reshape(y.shape[0], math.prod(y.shape[1:])) if batched else y.reshape(-1)
+    return y

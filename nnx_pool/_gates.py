@@ -35,7 +35,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool._adaptive import spatial_mean
 from nnx_pool._args import (
   check_bool,
   check_callable,
@@ -43,14 +42,10 @@ from nnx_pool._args import (
   check_number,
   check_positive_int,
 )
+from nnx_pool._kernels import extremum, spatial_mean
 from nnx_pool._layout import check_nonempty_spatial, prepare
 
 Activation = Callable[[jax.Array], jax.Array]
-
-
-def hard_sigmoid(x: jax.Array) -> jax.Array:
-  """``relu6(x + 3) / 6``, the gate of MobileNetV3 and of the effective SE module."""
-  return jax.nn.relu6(x + 3.0) / 6.0
 
 
 def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
@@ -142,6 +137,13 @@ def _squeeze_width(in_features: int, squeeze_features, rd_ratio, rd_divisor) -> 
   return check_positive_int(squeeze_features, "squeeze_features")
 
 
+def _mlp_kernels(state: Mapping, reduce: str, expand: str, module: str):
+  """The ``(in, out)`` kernels of the reduce and expand maps, and whether they have biases."""
+  k1 = _matrix(state[f"{reduce}.weight"], f"{reduce}.weight", module)
+  k2 = _matrix(state[f"{expand}.weight"], f"{expand}.weight", module)
+  return k1, k2, f"{reduce}.bias" in state
+
+
 def _abstract(cls, *args, **kwargs):
   """``cls(*args, **kwargs)`` with shape-only parameters: no initialiser runs."""
   return nnx.eval_shape(lambda: cls(*args, rngs=nnx.Rngs(0), **kwargs))
@@ -169,18 +171,52 @@ def _check_loaded(gate: nnx.Module) -> nnx.Module:
   return gate
 
 
-def _amax(x: jax.Array, axis) -> jax.Array:
-  """``torch.amax`` with keepdims: NaN propagates; ties share the gradient evenly.
-
-  NaN is propagated explicitly because jaxlib 0.10.2 on CPU lowers some float
-  ``reduce_max`` calls to a YNNPACK fusion that drops it.
-  """
-  best = jnp.max(x, axis=axis, keepdims=True)
-  return jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=True), jnp.nan, best)
-
-
 class _Gate(nnx.Module):
-  """Shared plumbing: the channel and rank checks, and batching."""
+  """Shared plumbing: argument checks, the reduce/expand maps, batching and weight loading."""
+
+  def _init_width(self, in_features, squeeze_features, rd_ratio, rd_divisor) -> None:
+    """Checks and stores ``in_features`` and the hidden width of the reduce/expand maps."""
+    self.in_features = check_positive_int(in_features, "in_features")
+    self.squeeze_features = _squeeze_width(in_features, squeeze_features, rd_ratio, rd_divisor)
+
+  def _init_gate(self, gate, num_spatial_dims) -> None:
+    """Checks and stores the gate function and the number of spatial dims."""
+    self.gate = check_callable(gate, "gate")
+    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
+
+  def _init_mlp(self, activation, gate, use_bias, num_spatial_dims, dtype, param_dtype,
+                rngs) -> dict:
+    """Checks the rest of the arguments and builds ``fc1`` (C to hidden) and ``fc2`` (back).
+
+    Call after :meth:`_init_width`. Returns the dtype and rngs options, for further layers.
+    """
+    self.activation = check_callable(activation, "activation")
+    self._init_gate(gate, num_spatial_dims)
+    common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    use_bias = check_bool(use_bias, "use_bias")
+    self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, use_bias=use_bias, **common)
+    self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, use_bias=use_bias, **common)
+    return common
+
+  @classmethod
+  def _torch_state(cls, state_dict: Mapping, options: Mapping, inferred: tuple[str, ...],
+                   layouts: list[tuple[set[str], set[str]]]) -> tuple[dict[str, np.ndarray], str]:
+    """``from_torch``'s first step: refuses ``inferred`` options, reads the state dict.
+
+    Returns the state as NumPy arrays and the module name for messages.
+    """
+    module = cls.__name__
+    _refuse_inferred(options, (*inferred, "rngs"), module)
+    return _read_state(state_dict, layouts, module), module
+
+  def _load_mlp(self, state: Mapping, kernels, reduce: str, expand: str, module: str) -> None:
+    """Assigns ``fc1``/``fc2`` from :func:`_mlp_kernels` and the ``{reduce,expand}.bias``."""
+    k1, k2, use_bias = kernels
+    _assign(self.fc1.kernel, k1, f"{reduce}.weight", module)
+    _assign(self.fc2.kernel, k2, f"{expand}.weight (transposed)", module)
+    if use_bias:
+      for fc, name in ((self.fc1, reduce), (self.fc2, expand)):
+        _assign(fc.bias, state[f"{name}.bias"], f"{name}.bias", module)
 
   def _prepare(self, inputs) -> tuple[jax.Array, bool]:
     module = type(self).__name__
@@ -230,29 +266,13 @@ class SqueezeExcitation(_Gate):
   """
 
   def __init__(
-      self,
-      in_features: int,
-      squeeze_features: int | None = None,
-      *,
-      rd_ratio: float = 1 / 16,
-      rd_divisor: int = 8,
-      activation: Activation = nnx.relu,
-      gate: Activation = nnx.sigmoid,
-      use_bias: bool = True,
-      num_spatial_dims: int = 2,
-      dtype=None,
-      param_dtype=jnp.float32,
-      rngs: nnx.Rngs,
+      self, in_features: int, squeeze_features: int | None = None, *,
+      rd_ratio: float = 1 / 16, rd_divisor: int = 8,
+      activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid, use_bias: bool = True,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
   ):
-    self.in_features = check_positive_int(in_features, "in_features")
-    self.squeeze_features = _squeeze_width(in_features, squeeze_features, rd_ratio, rd_divisor)
-    self.activation = check_callable(activation, "activation")
-    self.gate = check_callable(gate, "gate")
-    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
-    use_bias = check_bool(use_bias, "use_bias")
-    linear = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, **linear)
-    self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, **linear)
+    self._init_width(in_features, squeeze_features, rd_ratio, rd_divisor)
+    self._init_mlp(activation, gate, use_bias, num_spatial_dims, dtype, param_dtype, rngs)
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
@@ -272,29 +292,23 @@ class SqueezeExcitation(_Gate):
     ``in_features``, ``squeeze_features`` and ``use_bias`` come from the
     weights. Pass the peer's activation and gate when they are not ReLU and
     sigmoid (EfficientNet: ``activation=nnx.silu``; MobileNetV3:
-    ``gate=hard_sigmoid``).
+    ``gate=jax.nn.hard_sigmoid``).
 
     Args:
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``activation``, ``gate``, ``dtype``...).
     """
-    module = cls.__name__
-    _refuse_inferred(options, ("in_features", "squeeze_features", "use_bias", "rngs"), module)
     layouts = []
     for reduce, expand in (("fc1", "fc2"), ("conv_reduce", "conv_expand")):
       weights = {f"{reduce}.weight", f"{expand}.weight"}
       layouts += [(weights, set()), (weights | {f"{reduce}.bias", f"{expand}.bias"}, set())]
-    state = _read_state(state_dict, layouts, module)
+    state, module = cls._torch_state(
+        state_dict, options, ("in_features", "squeeze_features", "use_bias"), layouts)
     reduce, expand = ("fc1", "fc2") if "fc1.weight" in state else ("conv_reduce", "conv_expand")
-    k1 = _matrix(state[f"{reduce}.weight"], f"{reduce}.weight", module)
-    k2 = _matrix(state[f"{expand}.weight"], f"{expand}.weight", module)
-    use_bias = f"{reduce}.bias" in state
+    kernels = _mlp_kernels(state, reduce, expand, module)
+    k1, _, use_bias = kernels
     se = _abstract(cls, k1.shape[0], k1.shape[1], use_bias=use_bias, **options)
-    _assign(se.fc1.kernel, k1, f"{reduce}.weight", module)
-    _assign(se.fc2.kernel, k2, f"{expand}.weight (transposed)", module)
-    if use_bias:
-      _assign(se.fc1.bias, state[f"{reduce}.bias"], f"{reduce}.bias", module)
-      _assign(se.fc2.bias, state[f"{expand}.bias"], f"{expand}.bias", module)
+    se._load_mlp(state, kernels, reduce, expand, module)
     return _check_loaded(se)
 
 
@@ -317,7 +331,8 @@ class EffectiveSqueezeExcitation(_Gate):
 
   Args:
     in_features: the channel count ``C``.
-    gate: maps the projected vector to the scale (default :func:`hard_sigmoid`).
+    gate: maps the projected vector to the scale (default ``jax.nn.hard_sigmoid``,
+      ``relu6(x + 3) / 6``).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
     dtype: the computation dtype (default None: inferred from inputs and params).
     param_dtype: the parameter dtype (default float32).
@@ -325,18 +340,11 @@ class EffectiveSqueezeExcitation(_Gate):
   """
 
   def __init__(
-      self,
-      in_features: int,
-      *,
-      gate: Activation = hard_sigmoid,
-      num_spatial_dims: int = 2,
-      dtype=None,
-      param_dtype=jnp.float32,
-      rngs: nnx.Rngs,
+      self, in_features: int, *, gate: Activation = jax.nn.hard_sigmoid,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
   ):
     self.in_features = check_positive_int(in_features, "in_features")
-    self.gate = check_callable(gate, "gate")
-    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
+    self._init_gate(gate, num_spatial_dims)
     self.fc = nnx.Linear(
         self.in_features, self.in_features, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
@@ -357,9 +365,8 @@ class EffectiveSqueezeExcitation(_Gate):
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``gate``, ``dtype``...).
     """
-    module = cls.__name__
-    _refuse_inferred(options, ("in_features", "rngs"), module)
-    state = _read_state(state_dict, [({"fc.weight", "fc.bias"}, set())], module)
+    state, module = cls._torch_state(
+        state_dict, options, ("in_features",), [({"fc.weight", "fc.bias"}, set())])
     kernel = _matrix(state["fc.weight"], "fc.weight", module)
     if kernel.shape[0] != kernel.shape[1]:
       raise ValueError(f"{module}.from_torch: `fc.weight` must be C-to-C; got {kernel.T.shape}.")
@@ -416,17 +423,9 @@ class EfficientChannelAttention(_Gate):
   """
 
   def __init__(
-      self,
-      in_features: int | None = None,
-      kernel_size: int | None = None,
-      *,
-      gamma: float = 2,
-      beta: float = 1,
-      gate: Activation = nnx.sigmoid,
-      num_spatial_dims: int = 2,
-      dtype=None,
-      param_dtype=jnp.float32,
-      rngs: nnx.Rngs,
+      self, in_features: int | None = None, kernel_size: int | None = None, *,
+      gamma: float = 2, beta: float = 1, gate: Activation = nnx.sigmoid,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
   ):
     if in_features is None and kernel_size is None:
       raise ValueError(
@@ -443,8 +442,7 @@ class EfficientChannelAttention(_Gate):
       raise ValueError(
           f"`kernel_size` must be odd (the output keeps C channels); got {kernel_size}.")
     self.kernel_size = kernel_size
-    self.gate = check_callable(gate, "gate")
-    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
+    self._init_gate(gate, num_spatial_dims)
     pad = (kernel_size - 1) // 2
     self.conv = nnx.Conv(
         1, 1, (kernel_size,), padding=((pad, pad),), use_bias=False, dtype=dtype,
@@ -471,9 +469,8 @@ class EfficientChannelAttention(_Gate):
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``in_features``, ``gate``, ``dtype``...).
     """
-    module = cls.__name__
-    _refuse_inferred(options, ("kernel_size", "rngs"), module)
-    state = _read_state(state_dict, [({"conv.weight"}, set())], module)
+    state, module = cls._torch_state(
+        state_dict, options, ("kernel_size",), [({"conv.weight"}, set())])
     w = state["conv.weight"]
     if w.ndim != 3 or w.shape[:2] != (1, 1):
       raise ValueError(
@@ -532,34 +529,17 @@ class CBAM(_Gate):
   """
 
   def __init__(
-      self,
-      in_features: int,
-      squeeze_features: int | None = None,
-      *,
-      rd_ratio: float = 1 / 16,
-      rd_divisor: int = 1,
-      spatial_kernel_size: int = 7,
-      activation: Activation = nnx.relu,
-      gate: Activation = nnx.sigmoid,
-      use_bias: bool = False,
-      num_spatial_dims: int = 2,
-      dtype=None,
-      param_dtype=jnp.float32,
-      rngs: nnx.Rngs,
+      self, in_features: int, squeeze_features: int | None = None, *,
+      rd_ratio: float = 1 / 16, rd_divisor: int = 1, spatial_kernel_size: int = 7,
+      activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid, use_bias: bool = False,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
   ):
-    self.in_features = check_positive_int(in_features, "in_features")
-    self.squeeze_features = _squeeze_width(in_features, squeeze_features, rd_ratio, rd_divisor)
+    self._init_width(in_features, squeeze_features, rd_ratio, rd_divisor)
     k = check_positive_int(spatial_kernel_size, "spatial_kernel_size")
     if k % 2 == 0:
       raise ValueError(f"`spatial_kernel_size` must be odd (to keep the size); got {k}.")
     self.spatial_kernel_size = k
-    self.activation = check_callable(activation, "activation")
-    self.gate = check_callable(gate, "gate")
-    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
-    common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    use_bias = check_bool(use_bias, "use_bias")
-    self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, use_bias=use_bias, **common)
-    self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, use_bias=use_bias, **common)
+    common = self._init_mlp(activation, gate, use_bias, num_spatial_dims, dtype, param_dtype, rngs)
     pad = ((k - 1) // 2, (k - 1) // 2)
     self.spatial_conv = nnx.Conv(
         2, 1, (k,) * self.num_spatial_dims, padding=(pad,) * self.num_spatial_dims,
@@ -575,8 +555,9 @@ class CBAM(_Gate):
     def mlp(v):
       return self.fc2(self.activation(self.fc1(v)))
 
-    x = x * self.gate(mlp(spatial_mean(x)) + mlp(_amax(x, space)))
-    maps = jnp.concatenate([jnp.mean(x, axis=-1, keepdims=True), _amax(x, -1)], axis=-1)
+    x = x * self.gate(mlp(spatial_mean(x)) + mlp(extremum(x, space, "max", keepdims=True)))
+    channel_max = extremum(x, -1, "max", keepdims=True)
+    maps = jnp.concatenate([jnp.mean(x, axis=-1, keepdims=True), channel_max], axis=-1)
     y = x * self.gate(self.spatial_norm(self.spatial_conv(maps)))
     return y if batched else y[0]
 
@@ -596,40 +577,27 @@ class CBAM(_Gate):
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``activation``, ``gate``, ``dtype``...).
     """
-    module = cls.__name__
-    _refuse_inferred(
-        options,
-        ("in_features", "squeeze_features", "use_bias", "spatial_kernel_size", "num_spatial_dims",
-         "rngs"),
-        module,
-    )
     norm = {f"spatial.conv.bn.{k}" for k in ("weight", "bias", "running_mean", "running_var")}
     required = {"channel.fc1.weight", "channel.fc2.weight", "spatial.conv.conv.weight"} | norm
     optional = {"spatial.conv.bn.num_batches_tracked"}
-    state = _read_state(
-        state_dict,
-        [(required, optional),
-         (required | {"channel.fc1.bias", "channel.fc2.bias"}, optional)],
-        module,
+    state, module = cls._torch_state(
+        state_dict, options,
+        ("in_features", "squeeze_features", "use_bias", "spatial_kernel_size", "num_spatial_dims"),
+        [(required, optional), (required | {"channel.fc1.bias", "channel.fc2.bias"}, optional)],
     )
-    k1 = _matrix(state["channel.fc1.weight"], "channel.fc1.weight", module)
-    k2 = _matrix(state["channel.fc2.weight"], "channel.fc2.weight", module)
+    kernels = _mlp_kernels(state, "channel.fc1", "channel.fc2", module)
+    k1, _, use_bias = kernels
     conv = state["spatial.conv.conv.weight"]
     if not (3 <= conv.ndim <= 5 and conv.shape[:2] == (1, 2)):
       raise ValueError(
           f"{module}.from_torch: `spatial.conv.conv.weight` must have shape (1, 2, k, ...) "
           f"with 1 to 3 spatial dims; got {conv.shape}."
       )
-    use_bias = "channel.fc1.bias" in state
     cbam = _abstract(
         cls, k1.shape[0], k1.shape[1], spatial_kernel_size=conv.shape[2], use_bias=use_bias,
         num_spatial_dims=conv.ndim - 2, **options,
     )
-    _assign(cbam.fc1.kernel, k1, "channel.fc1.weight", module)
-    _assign(cbam.fc2.kernel, k2, "channel.fc2.weight (transposed)", module)
-    if use_bias:
-      _assign(cbam.fc1.bias, state["channel.fc1.bias"], "channel.fc1.bias", module)
-      _assign(cbam.fc2.bias, state["channel.fc2.bias"], "channel.fc2.bias", module)
+    cbam._load_mlp(state, kernels, "channel.fc1", "channel.fc2", module)
     # (out, in, *k) -> (*k, in, out)
     _assign(cbam.spatial_conv.kernel, np.moveaxis(conv, (0, 1), (-1, -2)),
             "spatial.conv.conv.weight", module)

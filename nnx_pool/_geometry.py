@@ -3,8 +3,15 @@
 Every module resolves its arguments here: integers or tuples into per-dim
 tuples, a padding spec into ``(low, high)`` pairs, and an input shape into the
 output shape, the padding actually applied, and the per-cell counts that the
-average divisors and the argmax bookkeeping need. All of it is static NumPy
-and Python arithmetic on shapes; nothing here touches a traced array.
+average divisors and the argmax bookkeeping need; and the adaptive pools'
+bins. All of it is static NumPy and Python arithmetic on shapes; nothing here
+touches a traced array.
+
+One rule for how many spatial dims a module pools (:func:`spatial_dims`): a
+tuple argument sets them by its length, an int is repeated over
+``num_spatial_dims``, and ``num_spatial_dims`` defaults to 2 (PyTorch's
+``MaxPool2d(2)``, ``AdaptiveAvgPool2d(1)``). Arguments that disagree are a
+ValueError.
 
 The rules are PyTorch's (``aten/src/ATen/native/Pool.h``) for explicit padding
 and lax/Flax's for ``"SAME"``:
@@ -28,7 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nnx_pool._args import check_bool, is_int
+from nnx_pool._args import check_bool, check_num_spatial_dims, is_int
+from nnx_pool._layout import rank_message
 
 # The largest window, stride, dilation or padding entry: sizes are int64 in XLA and PyTorch.
 MAX_SIZE = 2**63 - 1
@@ -43,6 +51,51 @@ _PADDING_FORMS = (
     '"VALID" or "SAME" (any case), an int (both sides of every dim), '
     "a tuple of ints (symmetric per dim), or a tuple of (low, high) pairs"
 )
+
+
+def effective_window(window: int, dilation: int) -> int:
+  """The span of a dilated window, ``dilation * (window - 1) + 1`` cells."""
+  return dilation * (window - 1) + 1
+
+
+def _length(value) -> int | None:
+  """How many spatial dims an argument names: its length when a sequence, else None."""
+  if isinstance(value, Sequence) and not isinstance(value, str):
+    return len(value)
+  return None
+
+
+def spatial_dims(num_spatial_dims=None, **arguments) -> int:
+  """The number of spatial dims a module pools, from the one rule for every module.
+
+  Each tuple among ``arguments`` (name to value) sets the dims by its length;
+  ints and strings set nothing. An explicit ``num_spatial_dims`` (1, 2 or 3)
+  must agree with every tuple; with neither, the default is 2.
+
+  Raises:
+    TypeError: ``num_spatial_dims`` is not an int.
+    ValueError: ``num_spatial_dims`` is not 1, 2 or 3, a tuple has another
+      length, or two of them disagree.
+  """
+  if num_spatial_dims is not None:
+    num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
+  source = None if num_spatial_dims is None else f"`num_spatial_dims={num_spatial_dims}`"
+  ndim = num_spatial_dims
+  for name, value in arguments.items():
+    length = _length(value)
+    if length is None:
+      continue
+    if not 1 <= length <= 3:
+      raise ValueError(
+          f"`{name}` must have 1, 2 or 3 entries (one per spatial dim); got {value!r}.")
+    if ndim is None:
+      ndim, source = length, f"`{name}` {value!r}"
+    elif length != ndim:
+      raise ValueError(
+          f"`{name}` {value!r} has {length} entries, but {source} sets {ndim} spatial dim(s); "
+          "give every tuple one entry per spatial dim, or an int for all of them."
+      )
+  return 2 if ndim is None else ndim
 
 
 def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...]:
@@ -70,20 +123,6 @@ def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...
   if any(v > MAX_SIZE for v in values):
     raise ValueError(f"`{name}` entries must be at most 2**63 - 1 (int64); got {value!r}.")
   return values
-
-
-def num_spatial_dims(window_shape) -> int:
-  """The number of spatial dims a window stands for: 1 for an int, else its length."""
-  if is_int(window_shape):
-    return 1
-  if isinstance(window_shape, Sequence) and not isinstance(window_shape, str):
-    if not 1 <= len(window_shape) <= 3:
-      raise ValueError(
-          f"`window_shape` must have 1, 2 or 3 entries (one per spatial dim); "
-          f"got {window_shape!r}."
-      )
-    return len(window_shape)
-  raise TypeError(f"`window_shape` must be an int or a tuple of ints; got {window_shape!r}.")
 
 
 def parse_padding(padding: PaddingLike, ndim: int) -> PaddingSpec:
@@ -134,9 +173,11 @@ class Window:
   @classmethod
   def create(
       cls, window_shape, strides=None, padding: PaddingLike = "VALID", *, dilation=1,
-      ceil_mode: bool = False,
+      ceil_mode: bool = False, num_spatial_dims: int | None = None,
   ) -> Window:
-    ndim = num_spatial_dims(window_shape)
+    """Validates pooling arguments; the number of dims follows :func:`spatial_dims`."""
+    ndim = spatial_dims(num_spatial_dims, window_shape=window_shape, strides=strides,
+                        padding=padding, dilation=dilation)
     shape = as_tuple(window_shape, ndim, "window_shape")
     strides = shape if strides is None else as_tuple(strides, ndim, "strides")
     dilation = as_tuple(dilation, ndim, "dilation")
@@ -149,7 +190,7 @@ class Window:
       )
     if not isinstance(spec, str):
       for dim, ((lo, hi), k, d) in enumerate(zip(spec, shape, dilation, strict=True)):
-        half = (d * (k - 1) + 1) // 2
+        half = effective_window(k, d) // 2
         if lo > half or hi > half:
           raise ValueError(
               f"`padding` must be at most half the effective window on each side "
@@ -190,7 +231,7 @@ class DimGeometry:
 
   @property
   def effective_window(self) -> int:
-    return self.dilation * (self.window - 1) + 1
+    return effective_window(self.window, self.dilation)
 
   @property
   def applied_high(self) -> int:
@@ -282,7 +323,7 @@ class Geometry:
 
 
 def _out_size(length: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: bool) -> int:
-  span = length + lo + hi - (d * (k - 1) + 1)
+  span = length + lo + hi - effective_window(k, d)
   if not ceil_mode:
     return span // s + 1 if span >= 0 else 0
   # Ceil mode may overhang the padded input by less than a stride, even with one
@@ -299,7 +340,7 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
   for axis, (length, k, s, d) in enumerate(
       zip(spatial_shape, window.shape, window.strides, window.dilation, strict=True)
   ):
-    e = d * (k - 1) + 1
+    e = effective_window(k, d)
     if window.padding == "VALID":
       lo = hi = 0
     elif window.padding == "SAME":
@@ -334,3 +375,69 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
       )
     dims.append(dim)
   return Geometry(tuple(dims))
+
+
+def output_shape(
+    input_shape: Sequence[int], window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    dilation=1, ceil_mode: bool = False, num_spatial_dims: int | None = None,
+) -> tuple[int, ...]:
+  """The shape a window pool returns for ``input_shape``, with the modules' own checks.
+
+  ``input_shape`` is channels-last, batched ``(N, *spatial, C)`` or unbatched
+  ``(*spatial, C)``; the arguments are those of :class:`~nnx_pool.MaxPool`
+  (AvgPool, MinPool and LPPool take the same geometry, LPPool without
+  padding). Batch and channel sizes pass through.
+
+  Example usage::
+
+    >>> from nnx_pool import output_shape
+    >>> output_shape((8, 112, 112, 64), 3, 2, 1)  # ResNet's stem pool
+    (8, 56, 56, 64)
+    >>> output_shape((10, 3), 2, ceil_mode=True, num_spatial_dims=1)
+    (5, 3)
+
+  Raises:
+    ValueError, TypeError: as the module would, for the arguments or the shape.
+  """
+  window = Window.create(window_shape, strides, padding, dilation=dilation,
+                         ceil_mode=ceil_mode, num_spatial_dims=num_spatial_dims)
+  shape = tuple(input_shape)
+  if not all(is_int(n) and n >= 0 for n in shape):
+    raise TypeError(f"`input_shape` must be a tuple of non-negative ints; got {input_shape!r}.")
+  if len(shape) not in (window.ndim + 1, window.ndim + 2):
+    raise ValueError(rank_message("output_shape", "input_shape", shape, window.ndim))
+  spatial = shape[-window.ndim - 1:-1]
+  return (*shape[:-window.ndim - 1], *window.resolve(spatial).out_shape, shape[-1])
+
+
+# ----------------------------------------------------------------------------
+# Adaptive bins.
+# ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=512)
+def adaptive_bins(length: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+  """PyTorch's adaptive bins ``[start, end)``: ``out`` bins over ``length`` cells.
+
+  Bin ``i`` covers ``[floor(i * L / T), ceil((i + 1) * L / T))``, in exact integer
+  arithmetic (PyTorch computes it in float32, which can round differently for
+  huge sizes). Bins may overlap, and ``T > L`` is allowed.
+  """
+  i = np.arange(out, dtype=np.int64)
+  return (i * length) // out, -((-(i + 1) * length) // out)
+
+
+def adaptive_window(spatial: tuple[int, ...], out_shape: tuple[int, ...],
+                    max_cells: int) -> Geometry | None:
+  """The window pool an adaptive pool equals, when every dim divides and the window is small.
+
+  With ``L % T == 0`` in every dim the bins are non-overlapping windows of
+  ``L // T`` cells at stride ``L // T``; above ``max_cells`` cells per window,
+  or when a dim does not divide, None.
+  """
+  if any(length % out for length, out in zip(spatial, out_shape, strict=True)):
+    return None
+  window = tuple(length // out for length, out in zip(spatial, out_shape, strict=True))
+  if math.prod(window) > max_cells:
+    return None
+  return Window.create(window).resolve(spatial)

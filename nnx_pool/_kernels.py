@@ -41,8 +41,15 @@ stride 1, no padding), and keeps its own custom_jvp and phase-scatter adjoint:
   stage's tangent picks its winning tap, and the composition sends the
   gradient to exactly the reported element.
 
-The entry points are jitted with the geometry static, so eager calls run one
-compiled program per shape instead of one dispatch per tap.
+The entry points (:func:`kernel`) are jitted with the geometry static, so eager
+calls run one compiled program per shape instead of one dispatch per tap, and
+each runs under ``jax.named_scope("nnx_pool.<name>")``, so that profiles and
+HLO metadata name it.
+
+One rule picks a max or min everywhere, PyTorch's scan ``val > best or
+isnan(val)`` (:func:`replaces`): the window kernels apply it tap by tap, and
+:func:`arg_extremum` is the same rule as a reduction over an axis, for the
+adaptive pools; :func:`extremum` is its value alone, for the gates.
 """
 
 from __future__ import annotations
@@ -63,6 +70,22 @@ Kind = Literal["max", "min"]
 
 # Windows with more taps than this are decomposed one spatial dim at a time.
 UNROLL_LIMIT = 64
+
+
+def kernel(*, static_argnums: int | tuple[int, ...] = ()):
+  """``jax.jit`` with static geometry arguments, the body under a ``nnx_pool.<name>`` scope."""
+
+  def wrap(fn):
+    scope = f"nnx_pool.{fn.__name__}"
+
+    @functools.wraps(fn)
+    def scoped(*args):
+      with jax.named_scope(scope):
+        return fn(*args)
+
+    return jax.jit(scoped, static_argnums=static_argnums)
+
+  return wrap
 
 
 def accumulation_dtype(dtype) -> jnp.dtype:
@@ -94,6 +117,49 @@ def identity(dtype, kind: Kind):
     return -np.inf if kind == "max" else np.inf
   info = jnp.iinfo(dtype)
   return info.min if kind == "max" else info.max
+
+
+def replaces(candidate: jax.Array, best: jax.Array, kind: Kind) -> jax.Array:
+  """PyTorch's scan rule: ``candidate`` replaces the running ``best`` when better or NaN.
+
+  Strictly better (``>`` for max, ``<`` for min), so ties keep the first; any NaN
+  replaces, so NaN propagates and the last NaN wins.
+  """
+  better = (lax.gt if kind == "max" else lax.lt)(candidate, best)
+  if jnp.issubdtype(candidate.dtype, jnp.floating):
+    better = better | jnp.isnan(candidate)
+  return better
+
+
+def extremum(x: jax.Array, axis, kind: Kind, *, keepdims: bool = False) -> jax.Array:
+  """``jnp.max`` (``jnp.min``) over ``axis`` with NaN propagated; ties share the gradient.
+
+  NaN is propagated explicitly: on CPU, jaxlib 0.10.2 lowers some float
+  ``reduce_max`` calls to a YNNPACK fusion that drops NaN (even returning -inf).
+  """
+  best = (jnp.max if kind == "max" else jnp.min)(x, axis=axis, keepdims=keepdims)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    best = jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=keepdims),
+                     jnp.asarray(jnp.nan, best.dtype), best)
+  return best
+
+
+def arg_extremum(x: jax.Array, axis: int, kind: Kind) -> tuple[jax.Array, jax.Array]:
+  """:func:`replaces` as a reduction over ``axis``: the extremum and its slot (int32).
+
+  The slot is the first extremum along ``axis``, or the last NaN when there is
+  one, as the scan would leave it; plain min/max reductions, which fuse, not a
+  scan or an argmax.
+  """
+  k = x.shape[axis]
+  slot = lax.broadcasted_iota(jnp.int32, x.shape, axis)
+  best = extremum(x, axis, kind)
+  winner = jnp.min(jnp.where(x == jnp.expand_dims(best, axis), slot, k), axis=axis)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    nan = jnp.isnan(x)
+    winner = jnp.where(jnp.any(nan, axis=axis), jnp.max(jnp.where(nan, slot, -1), axis=axis),
+                       winner)
+  return best, winner
 
 
 def _tap_phases(d: DimGeometry) -> list[tuple[int, int, int]]:
@@ -172,9 +238,7 @@ def _arg_select(
   the first extremum; NaN propagates, and the last NaN wins. Padding holds the
   identity, so it never replaces anything.
   """
-  better_than = lax.gt if kind == "max" else lax.lt
   offset_dtype = offset_dtype_for(geom)
-  floating = jnp.issubdtype(x.dtype, jnp.floating)
   best = arg = None
   for j, tap in enumerate(taps(x, geom, identity(x.dtype, kind), shared_pad=shared_pad)):
     if best is None:
@@ -185,9 +249,7 @@ def _arg_select(
           tap.shape,
       )
       continue
-    better = better_than(tap, best)
-    if floating:
-      better = better | jnp.isnan(tap)
+    better = replaces(tap, best, kind)
     best = jnp.where(better, tap, best)
     arg = jnp.where(better, jnp.asarray(j, offset_dtype), arg)
   return best, arg
@@ -348,7 +410,7 @@ def _separable_sum(x: jax.Array, geom: Geometry) -> jax.Array:
   return x
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@kernel(static_argnums=1)
 def window_sum(x: jax.Array, geom: Geometry) -> jax.Array:
   """Sum of every window (zero padding), shape ``(N, *geom.out_shape, C)``.
 
@@ -392,8 +454,6 @@ def _stage_select(
     The values, the combined offset (``tap * later + payload``, in
     ``offset_dtype``) and this dim's winning tap (int32, for the tangent).
   """
-  better_than = lax.gt if kind == "max" else lax.lt
-  floating = jnp.issubdtype(x.dtype, jnp.floating)
   d = geom.dims[axis]
   value_taps = taps(x, geom, identity(x.dtype, kind), shared_pad=True)
   if payload is not None:
@@ -418,9 +478,7 @@ def _stage_select(
   arg = jnp.broadcast_to(jnp.asarray(first_tap, tap_dtype), best.shape)
   for j in range(1, d.window):
     tap = next(value_taps)
-    better = better_than(tap, best)
-    if floating:
-      better = better | jnp.isnan(tap)
+    better = replaces(tap, best, kind)
     best = jnp.where(better, tap, best)
     arg = jnp.where(better, jnp.asarray(j, tap_dtype), arg)
     offset = jnp.asarray(j * later, offset_dtype)
@@ -488,7 +546,7 @@ def _separable_select(
   return x, payload
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+@kernel(static_argnums=(1, 2, 3))
 def select(
     x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool = True
 ) -> tuple[jax.Array, jax.Array]:
@@ -509,7 +567,7 @@ def select(
   return _arg_select(x, geom, kind, shared_pad=with_offsets)
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@kernel(static_argnums=1)
 def flat_indices(arg: jax.Array, geom: Geometry) -> jax.Array:
   """Turns window offsets into PyTorch's flat per-plane input index (int32).
 
@@ -528,3 +586,17 @@ def flat_indices(arg: jax.Array, geom: Geometry) -> jax.Array:
     flat = flat + coord * plane_stride
     plane_stride *= d.length
   return flat
+
+
+@kernel()
+def spatial_mean(x: jax.Array) -> jax.Array:
+  """Mean over every spatial axis of a batched ``x``, kept as size-1 axes.
+
+  The sum accumulates in float32 for float16/bfloat16 and the result is cast
+  back; the division by the cell count is correctly rounded (PyTorch's
+  ``x.mean((2, 3))`` and ``adaptive_avg_pool2d(x, 1)``).
+  """
+  axes = tuple(range(1, x.ndim - 1))
+  total = jnp.sum(x, axis=axes, keepdims=True, dtype=accumulation_dtype(x.dtype))
+  count = np.prod(x.shape[1:-1], dtype=np.int64)
+  return true_divide(total, count).astype(x.dtype)

@@ -52,16 +52,30 @@ def check_dtype(x: jax.Array, kind: DtypeKind, module: str, name: str = "inputs"
     )
 
 
+def rank_message(module: str, name: str, shape: tuple[int, ...], ndim: int) -> str:
+  """Why ``shape`` does not fit a module over ``ndim`` spatial dims, and how to say otherwise."""
+  rank = len(shape)
+  message = (
+      f"{module}: `{name}` must be channels-last (N, *spatial, C) or (*spatial, C) with "
+      f"{ndim} spatial dim(s), so rank {ndim + 2} or {ndim + 1}; got shape {shape} (rank {rank})."
+  )
+  if rank == ndim:
+    message += " If it has no channel axis, add one: x[..., None]."
+  fits = [n for n in (rank - 2, rank - 1) if 1 <= n <= 3 and n != ndim]
+  if fits:
+    choices = " or ".join(f"num_spatial_dims={n}" for n in fits)
+    message += (
+        f" For this shape set {choices} (the default is 2; a tuple argument sets it by its "
+        "length)."
+    )
+  return message
+
+
 def check_rank(x: jax.Array, num_spatial: int, module: str, name: str = "inputs") -> bool:
   """Checks the rank against ``num_spatial`` and returns whether ``x`` is batched."""
-  batched, unbatched = num_spatial + 2, num_spatial + 1
-  if x.ndim not in (batched, unbatched):
-    raise ValueError(
-        f"{module}: `{name}` must be channels-last (N, *spatial, C) or (*spatial, C) with "
-        f"{num_spatial} spatial dim(s), so rank {batched} or {unbatched}; got shape "
-        f"{tuple(x.shape)} (rank {x.ndim})."
-    )
-  return x.ndim == batched
+  if x.ndim not in (num_spatial + 2, num_spatial + 1):
+    raise ValueError(rank_message(module, name, tuple(x.shape), num_spatial))
+  return x.ndim == num_spatial + 2
 
 
 def check_features(

@@ -1,7 +1,14 @@
 """Window pooling modules: average, max, min and LP pooling over 1, 2 or 3 spatial dims.
 
-Inputs are channels-last, ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``;
-the number of spatial dims is ``len(window_shape)`` (1 for an int window).
+Inputs are channels-last, ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``.
+An int window, stride, padding or dilation is repeated over
+``num_spatial_dims`` (keyword-only, default 2: ``MaxPool(3, 2, 1)`` is PyTorch's
+``MaxPool2d(3, 2, 1)``); a tuple sets the dims by its length, and one that
+disagrees with ``num_spatial_dims`` is a ValueError. 1-D is
+``MaxPool(3, num_spatial_dims=1)`` or ``MaxPool((3,))``.
+
+Each module has a functional twin (:mod:`nnx_pool.functional`) with the same
+arguments; the module calls the same implementation.
 
 **Strides default to the window**, as in PyTorch, Keras and TF. Flax's
 ``nnx.avg_pool``/``nnx.max_pool`` default to stride 1: pass ``strides=1`` to get
@@ -23,23 +30,7 @@ from jax import lax
 from nnx_pool import _kernels
 from nnx_pool._args import check_bool, check_number, check_positive_int
 from nnx_pool._geometry import MAX_SIZE, PaddingLike, Window
-from nnx_pool._layout import DtypeKind, check_in_features, check_plane_indexable, prepare
-
-
-class _WindowPool(nnx.Module):
-  """Shared plumbing: the validated window, the optional channel check, batching."""
-
-  _dtype_kind: DtypeKind = "float"
-
-  def __init__(self, window: Window, in_features):
-    self.window = window
-    self.in_features = check_in_features(in_features)
-
-  def _prepare(self, inputs) -> tuple[jax.Array, bool]:
-    return prepare(
-        inputs, self.window.ndim, kind=self._dtype_kind, module=type(self).__name__,
-        in_features=self.in_features,
-    )
+from nnx_pool._layout import check_in_features, check_plane_indexable, prepare
 
 
 def _spatial(divisor: np.ndarray) -> np.ndarray:
@@ -47,7 +38,142 @@ def _spatial(divisor: np.ndarray) -> np.ndarray:
   return divisor.reshape(1, *divisor.shape, 1) if divisor.ndim else divisor
 
 
-class AvgPool(_WindowPool):
+def _check_divisor_override(value) -> int | None:
+  value = check_positive_int(value, "divisor_override", optional=True)
+  if value is not None and value > MAX_SIZE:
+    raise ValueError(f"`divisor_override` must be at most 2**63 - 1 (int64); got {value}.")
+  return value
+
+
+# ----------------------------------------------------------------------------
+# The implementations: each takes a validated Window; the functions below and
+# the modules' __call__ both run them.
+# ----------------------------------------------------------------------------
+
+
+def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name):
+  x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
+  geom = window.resolve(x.shape[1:-1])
+  total = _kernels.window_sum(x.astype(_kernels.accumulation_dtype(x.dtype)), geom)
+  if divisor_override is not None:
+    divisor = np.asarray(divisor_override)
+  else:
+    divisor = geom.divisor(count_include_pad=count_include_pad)
+  y = _kernels.true_divide(total, _spatial(divisor)).astype(x.dtype)
+  return y if batched else y[0]
+
+
+def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, in_features,
+            name):
+  x, batched = prepare(inputs, window.ndim, kind="ordered", module=name, in_features=in_features)
+  if return_indices:
+    check_plane_indexable(
+        x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
+  geom = window.resolve(x.shape[1:-1])
+  values, arg = _kernels.select(x, geom, kind, return_indices)
+  out = (values, _kernels.flat_indices(arg, geom)) if return_indices else values
+  return out if batched else jax.tree.map(lambda a: a[0], out)
+
+
+def _lp(inputs, window: Window, norm_type: float, in_features, name):
+  x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
+  geom = window.resolve(x.shape[1:-1])
+  p = norm_type
+  xa = x.astype(_kernels.accumulation_dtype(x.dtype))
+  powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
+  # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
+  cells = _spatial(geom.divisor(count_include_pad=True))
+  mean = _kernels.true_divide(_kernels.window_sum(powered, geom), cells)
+  y = jnp.power(mean * float(window.size), 1.0 / p).astype(x.dtype)
+  return y if batched else y[0]
+
+
+# ----------------------------------------------------------------------------
+# Functions.
+# ----------------------------------------------------------------------------
+
+
+def avg_pool(
+    inputs, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    num_spatial_dims: int | None = None, ceil_mode: bool = False,
+    count_include_pad: bool = True, divisor_override: int | None = None,
+    in_features: int | None = None,
+) -> jax.Array:
+  """The function form of :class:`AvgPool`: the same arguments, defaults and checks.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import functional as F
+    >>> F.avg_pool(jnp.arange(16.0).reshape(1, 4, 4, 1), 2)[0, ..., 0]
+    Array([[ 2.5,  4.5],
+           [10.5, 12.5]], dtype=float32)
+  """
+  window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode,
+                         num_spatial_dims=num_spatial_dims)
+  return _avg(inputs, window, check_bool(count_include_pad, "count_include_pad"),
+              _check_divisor_override(divisor_override), check_in_features(in_features),
+              "avg_pool")
+
+
+def _select_pool(kind: _kernels.Kind, inputs, window_shape, strides, padding, num_spatial_dims,
+                 dilation, ceil_mode, return_indices, in_features):
+  window = Window.create(window_shape, strides, padding, dilation=dilation, ceil_mode=ceil_mode,
+                         num_spatial_dims=num_spatial_dims)
+  return _select(inputs, window, kind, check_bool(return_indices, "return_indices"),
+                 check_in_features(in_features), f"{kind}_pool")
+
+
+def max_pool(
+    inputs, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
+    return_indices: bool = False, in_features: int | None = None,
+):
+  """The function form of :class:`MaxPool`: the same arguments, defaults and checks.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import functional as F
+    >>> x = jnp.arange(25.0).reshape(1, 5, 5, 1)
+    >>> values, indices = F.max_pool(x, 3, 2, 1, ceil_mode=True, return_indices=True)
+    >>> indices[0, ..., 0]
+    Array([[ 6,  8,  9],
+           [16, 18, 19],
+           [21, 23, 24]], dtype=int32)
+  """
+  return _select_pool("max", inputs, window_shape, strides, padding, num_spatial_dims, dilation,
+                      ceil_mode, return_indices, in_features)
+
+
+def min_pool(
+    inputs, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
+    return_indices: bool = False, in_features: int | None = None,
+):
+  """The function form of :class:`MinPool`: the same arguments, defaults and checks."""
+  return _select_pool("min", inputs, window_shape, strides, padding, num_spatial_dims, dilation,
+                      ceil_mode, return_indices, in_features)
+
+
+def lp_pool(
+    inputs, norm_type: float, window_shape, strides=None, *,
+    num_spatial_dims: int | None = None, ceil_mode: bool = False,
+    in_features: int | None = None,
+) -> jax.Array:
+  """The function form of :class:`LPPool`: the same arguments, defaults and checks."""
+  norm_type = check_number(norm_type, "norm_type", positive=True)
+  window = Window.create(window_shape, strides, 0, ceil_mode=ceil_mode,
+                         num_spatial_dims=num_spatial_dims)
+  return _lp(inputs, window, norm_type, check_in_features(in_features), "lp_pool")
+
+
+# ----------------------------------------------------------------------------
+# Modules.
+# ----------------------------------------------------------------------------
+
+
+class AvgPool(nnx.Module):
   """Average pooling with PyTorch's border rules, channels-last.
 
   Each output is the sum of its window divided by:
@@ -73,70 +199,55 @@ class AvgPool(_WindowPool):
            [10.5, 12.5]], dtype=float32)
 
   Args:
-    window_shape: the window, an int (1-D) or a tuple of 1 to 3 ints.
-    strides: an int or a tuple; defaults to ``window_shape`` (not 1).
-    padding: ``"VALID"`` (default) or ``"SAME"`` (any case), an int, a tuple of
-      ints (symmetric per dim) or a tuple of ``(low, high)`` pairs. Explicit
-      padding may be at most half the window on each side.
-    ceil_mode: round the output size up, as PyTorch (default False).
+    window_shape: the cells each mean is taken over, an int for every spatial
+      dim or a tuple of 1 to 3 ints.
+    strides: the step between windows, an int or a tuple; omitted, it is the
+      window (not 1, as in Flax).
+    padding: zeros around the input: ``"VALID"`` (none, the default) or
+      ``"SAME"`` (any case), an int, a tuple of ints (symmetric per dim) or a
+      tuple of ``(low, high)`` pairs, each at most half the window.
+    num_spatial_dims: the dims an int argument stands for, 1, 2 or 3; keyword
+      only, 2 unless a tuple argument gives its own length.
+    ceil_mode: keep a last, partial window as PyTorch's ``ceil_mode`` does
+      (default False).
     count_include_pad: whether padding cells count in the divisor (default True).
     divisor_override: a positive int to divide every window by (default None).
-    in_features: the channel count, checked against the last axis when given.
+    in_features: the channel count, checked against the last axis when given
+      (default None: not checked).
   """
 
   def __init__(
-      self,
-      window_shape,
-      strides=None,
-      padding: PaddingLike = "VALID",
-      *,
-      ceil_mode: bool = False,
-      count_include_pad: bool = True,
-      divisor_override: int | None = None,
+      self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+      num_spatial_dims: int | None = None, ceil_mode: bool = False,
+      count_include_pad: bool = True, divisor_override: int | None = None,
       in_features: int | None = None,
   ):
-    window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode)
-    super().__init__(window, in_features)
+    self.window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode,
+                                num_spatial_dims=num_spatial_dims)
     self.count_include_pad = check_bool(count_include_pad, "count_include_pad")
-    divisor_override = check_positive_int(divisor_override, "divisor_override", optional=True)
-    if divisor_override is not None and divisor_override > MAX_SIZE:
-      raise ValueError(
-          f"`divisor_override` must be at most 2**63 - 1 (int64); got {divisor_override}.")
-    self.divisor_override = divisor_override
+    self.divisor_override = _check_divisor_override(divisor_override)
+    self.in_features = check_in_features(in_features)
 
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
-    x, batched = self._prepare(inputs)
-    geom = self.window.resolve(x.shape[1:-1])
-    total = _kernels.window_sum(x.astype(_kernels.accumulation_dtype(x.dtype)), geom)
-    if self.divisor_override is not None:
-      divisor = np.asarray(self.divisor_override)
-    else:
-      divisor = geom.divisor(count_include_pad=self.count_include_pad)
-    y = _kernels.true_divide(total, _spatial(divisor)).astype(x.dtype)
-    return y if batched else y[0]
+    return _avg(inputs, self.window, self.count_include_pad, self.divisor_override,
+                self.in_features, type(self).__name__)
 
 
-class _SelectPool(_WindowPool):
+class _SelectPool(nnx.Module):
   """Max or min pooling: the extremum of each window, optionally with its index."""
 
-  _dtype_kind: DtypeKind = "ordered"
   _kind: _kernels.Kind
 
   def __init__(
-      self,
-      window_shape,
-      strides=None,
-      padding: PaddingLike = "VALID",
-      *,
-      dilation=1,
-      ceil_mode: bool = False,
-      return_indices: bool = False,
-      in_features: int | None = None,
+      self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+      num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
+      return_indices: bool = False, in_features: int | None = None,
   ):
-    window = Window.create(window_shape, strides, padding, dilation=dilation, ceil_mode=ceil_mode)
-    super().__init__(window, in_features)
+    self.window = Window.create(window_shape, strides, padding, dilation=dilation,
+                                ceil_mode=ceil_mode, num_spatial_dims=num_spatial_dims)
     self.return_indices = check_bool(return_indices, "return_indices")
+    self.in_features = check_in_features(in_features)
 
   def __call__(self, inputs) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)``.
@@ -146,14 +257,8 @@ class _SelectPool(_WindowPool):
       ``return_indices=True``, also the int32 flat per-plane index of each
       selected element (PyTorch's convention, ``h * W + w`` in 2-D) in the same shape.
     """
-    x, batched = self._prepare(inputs)
-    if self.return_indices:
-      check_plane_indexable(
-          x.shape[1:-1], type(self).__name__, " Pool without return_indices, or tile the map.")
-    geom = self.window.resolve(x.shape[1:-1])
-    values, arg = _kernels.select(x, geom, self._kind, self.return_indices)
-    out = (values, _kernels.flat_indices(arg, geom)) if self.return_indices else values
-    return out if batched else jax.tree.map(lambda a: a[0], out)
+    return _select(inputs, self.window, self._kind, self.return_indices, self.in_features,
+                   type(self).__name__)
 
 
 class MaxPool(_SelectPool):
@@ -180,14 +285,18 @@ class MaxPool(_SelectPool):
            [13, 11]], dtype=int32)
 
   Args:
-    window_shape: the window, an int (1-D) or a tuple of 1 to 3 ints.
+    window_shape: the window, an int (repeated over ``num_spatial_dims``) or a
+      tuple of 1 to 3 ints (one per spatial dim).
     strides: an int or a tuple; defaults to ``window_shape`` (not 1).
     padding: ``"VALID"`` (default), ``"SAME"``, an int, a tuple of ints or a
       tuple of ``(low, high)`` pairs; at most half the effective window per side.
+    num_spatial_dims: 1, 2 or 3, keyword-only (default 2, unless a tuple
+      argument sets it by its length).
     dilation: spacing between window taps, an int or a tuple (default 1).
     ceil_mode: round the output size up, as PyTorch (default False).
     return_indices: also return the flat per-plane indices (default False).
-    in_features: the channel count, checked against the last axis when given.
+    in_features: the channel count, checked against the last axis when given
+      (default None: not checked).
   """
 
   _kind = "max"
@@ -204,16 +313,32 @@ class MinPool(_SelectPool):
 
     >>> import jax.numpy as jnp
     >>> from nnx_pool import MinPool
-    >>> MinPool(2)(jnp.array([[3.], [1.], [4.], [1.], [5.], [9.]]))[:, 0]
+    >>> MinPool(2, num_spatial_dims=1)(jnp.array([[3.], [1.], [4.], [1.], [5.], [9.]]))[:, 0]
     Array([1., 1., 5.], dtype=float32)
 
-  Args: as :class:`MaxPool`.
+  Args:
+    window_shape: the size of each window that the minimum is taken over: one
+      int for every spatial dim, or a tuple with an entry per dim (1 to 3).
+    strides: the step between windows (an int or a tuple); when omitted, equal
+      to ``window_shape``, so windows tile the input.
+    padding: cells added around the input, which hold +inf and never win:
+      ``"VALID"`` (none, the default), ``"SAME"``, an int, a tuple of ints or
+      ``(low, high)`` pairs, no more than half the dilated window on a side.
+    num_spatial_dims: how many dims an int argument covers, 1, 2 or 3 (keyword
+      only; 2 by default, or the length of a tuple argument).
+    dilation: the gap between the cells a window reads, an int or a tuple (1).
+    ceil_mode: whether a last, partial window makes an output, as PyTorch's
+      ``ceil_mode`` (False).
+    return_indices: whether to return, beside the minima, their flat per-plane
+      indices (False).
+    in_features: the number of channels that the last axis must have; None (the
+      default) leaves it unchecked.
   """
 
   _kind = "min"
 
 
-class LPPool(_WindowPool):
+class LPPool(nnx.Module):
   """Power-average pooling, ``(sum over the window of x**p) ** (1/p)``, as PyTorch.
 
   As in PyTorch there is no padding, ``x**p`` is taken without an absolute
@@ -224,39 +349,31 @@ class LPPool(_WindowPool):
 
     >>> import jax.numpy as jnp
     >>> from nnx_pool import LPPool
-    >>> LPPool(2, 2)(jnp.array([[3.], [4.], [6.], [8.]]))[:, 0]
+    >>> LPPool(2, (2,))(jnp.array([[3.], [4.], [6.], [8.]]))[:, 0]
     Array([ 5., 10.], dtype=float32)
 
   Args:
     norm_type: the power ``p``, a positive finite number.
-    window_shape: the window, an int (1-D) or a tuple of 1 to 3 ints.
+    window_shape: the window, an int (repeated over ``num_spatial_dims``) or a
+      tuple of 1 to 3 ints (one per spatial dim).
     strides: an int or a tuple; defaults to ``window_shape`` (not 1).
+    num_spatial_dims: 1, 2 or 3, keyword-only (default 2, unless a tuple
+      argument sets it by its length).
     ceil_mode: round the output size up, as PyTorch (default False).
-    in_features: the channel count, checked against the last axis when given.
+    in_features: the channel count, checked against the last axis when given
+      (default None: not checked).
   """
 
   def __init__(
-      self,
-      norm_type: float,
-      window_shape,
-      strides=None,
-      *,
-      ceil_mode: bool = False,
+      self, norm_type: float, window_shape, strides=None, *,
+      num_spatial_dims: int | None = None, ceil_mode: bool = False,
       in_features: int | None = None,
   ):
-    norm_type = check_number(norm_type, "norm_type", positive=True)
-    super().__init__(Window.create(window_shape, strides, 0, ceil_mode=ceil_mode), in_features)
-    self.norm_type = norm_type
+    self.norm_type = check_number(norm_type, "norm_type", positive=True)
+    self.window = Window.create(window_shape, strides, 0, ceil_mode=ceil_mode,
+                                num_spatial_dims=num_spatial_dims)
+    self.in_features = check_in_features(in_features)
 
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
-    x, batched = self._prepare(inputs)
-    geom = self.window.resolve(x.shape[1:-1])
-    p = self.norm_type
-    xa = x.astype(_kernels.accumulation_dtype(x.dtype))
-    powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
-    # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
-    cells = _spatial(geom.divisor(count_include_pad=True))
-    mean = _kernels.true_divide(_kernels.window_sum(powered, geom), cells)
-    y = jnp.power(mean * float(self.window.size), 1.0 / p).astype(x.dtype)
-    return y if batched else y[0]
+    return _lp(inputs, self.window, self.norm_type, self.in_features, type(self).__name__)

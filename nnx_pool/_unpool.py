@@ -1,8 +1,12 @@
-"""Max unpooling: the inverse scatter of max-pool indices, as PyTorch's MaxUnpool."""
+"""Max unpooling: the inverse scatter of max-pool indices, as PyTorch's MaxUnpool.
+
+The window arguments are MaxPool's, resolved by the same :class:`Window`: an int
+is repeated over ``num_spatial_dims`` (default 2), and padding takes every form
+MaxPool takes. So the arguments of a MaxPool, copied over, always work.
+"""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -11,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool._geometry import as_tuple, num_spatial_dims
+from nnx_pool._geometry import PaddingLike, Window, as_tuple, effective_window
+from nnx_pool._kernels import kernel
 from nnx_pool._layout import (
   as_array,
   check_dtype,
@@ -22,16 +27,130 @@ from nnx_pool._layout import (
 )
 
 
+def default_output_size(window: Window, input_size: Sequence[int]) -> tuple[int, ...]:
+  """PyTorch's unpooled size per dim, ``(in - 1) * stride - low - high + effective window``.
+
+  For symmetric padding ``p`` and no dilation this is PyTorch's
+  ``(in - 1) * s - 2 * p + k``. ``"SAME"`` padding depends on the size it
+  came from, so it has no default: pass ``output_size``.
+  """
+  if window.padding == "SAME":
+    raise ValueError(
+        'MaxUnpool with padding="SAME" needs `output_size` (the spatial shape that was '
+        "pooled): SAME padding depends on it, so the default size cannot be known."
+    )
+  pads = ((0, 0),) * window.ndim if window.padding == "VALID" else window.padding
+  return tuple(
+      (n - 1) * s - lo - hi + effective_window(k, d)
+      for n, s, (lo, hi), k, d in zip(
+          input_size, window.strides, pads, window.shape, window.dilation, strict=True)
+  )
+
+
+def _output_size(window: Window, input_size: tuple[int, ...], output_size) -> tuple[int, ...]:
+  """The unpooled spatial shape: the default, or ``output_size`` once checked against it."""
+  ndim = window.ndim
+  if output_size is None:
+    size = default_output_size(window, input_size)
+  else:
+    if isinstance(output_size, Sequence) and len(output_size) in (ndim + 1, ndim + 2):
+      output_size = tuple(output_size)[-ndim - 1:-1]  # a full (N, *spatial, C) shape
+    size = as_tuple(output_size, ndim, "output_size")
+    if window.padding == "SAME":
+      pooled = window.resolve(size).out_shape
+      if pooled != input_size:
+        raise ValueError(
+            f'`output_size` {size} is out of range: with padding="SAME" it pools to '
+            f"{pooled}, not to the input's spatial shape {input_size}."
+        )
+    else:
+      default = default_output_size(window, input_size)
+      for dim, (want, base, s) in enumerate(zip(size, default, window.strides, strict=True)):
+        if not base - s < want < base + s:
+          raise ValueError(
+              f"`output_size` {size} is out of range: spatial dim {dim} must lie "
+              f"strictly between {base - s} and {base + s} (default {base}, stride {s})."
+          )
+  if any(n < 1 for n in size):
+    raise ValueError(f"MaxUnpool: the output size {size} has an empty dim.")
+  check_plane_indexable(size, "MaxUnpool", " The output plane is what `indices` address.")
+  return size
+
+
+def _max_unpool(inputs, indices, window: Window, output_size, in_features, name) -> jax.Array:
+  x = as_array(inputs)
+  indices = as_array(indices, "indices")
+  check_dtype(x, "ordered", name)
+  batched = check_rank(x, window.ndim, name)
+  check_features(x, in_features, batched, name)
+  if indices.shape != x.shape:
+    raise ValueError(
+        f"{name}: `indices` must have the shape of `inputs` {tuple(x.shape)}; got "
+        f"{tuple(indices.shape)}."
+    )
+  if not jnp.issubdtype(indices.dtype, jnp.integer):
+    raise TypeError(f"{name}: `indices` must be integers; got dtype {indices.dtype}.")
+  if not batched:
+    x, indices = x[None], indices[None]
+  size = _output_size(window, tuple(x.shape[1:-1]), output_size)
+  plane = math.prod(size)
+  try:
+    concrete = np.asarray(indices)
+  except jax.errors.TracerArrayConversionError:  # inside jit: out-of-range indices drop
+    concrete = None
+  if concrete is not None and concrete.size:
+    low, high = int(concrete.min()), int(concrete.max())
+    if low < 0 or high >= plane:
+      raise ValueError(
+          f"{name}: `indices` must lie in [0, {plane}) for output size {size}; got values "
+          f"in [{low}, {high}]."
+      )
+  y = _unpool(x, indices.astype(jnp.int32), size)
+  return y if batched else y[0]
+
+
+def max_unpool(
+    inputs, indices, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    num_spatial_dims: int | None = None, dilation=1, output_size=None,
+    in_features: int | None = None,
+) -> jax.Array:
+  """The function form of :class:`MaxUnpool`: the same arguments, defaults and checks.
+
+  ``output_size`` is the one argument that :meth:`MaxUnpool.__call__` takes.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import functional as F
+    >>> x = jnp.arange(25.0).reshape(1, 5, 5, 1)
+    >>> values, indices = F.max_pool(x, 2, return_indices=True)
+    >>> F.max_unpool(values, indices, 2, output_size=(5, 5))[0, ..., 0]
+    Array([[ 0.,  0.,  0.,  0.,  0.],
+           [ 0.,  6.,  0.,  8.,  0.],
+           [ 0.,  0.,  0.,  0.,  0.],
+           [ 0., 16.,  0., 18.,  0.],
+           [ 0.,  0.,  0.,  0.,  0.]], dtype=float32)
+  """
+  window = Window.create(window_shape, strides, padding, dilation=dilation,
+                         num_spatial_dims=num_spatial_dims)
+  return _max_unpool(inputs, indices, window, output_size, check_in_features(in_features),
+                     "max_unpool")
+
+
 class MaxUnpool(nnx.Module):
   """Scatters pooled values back to the positions their indices name; zeros elsewhere.
 
-  The partial inverse of :class:`MaxPool` with ``return_indices=True``. Indices
-  are PyTorch's flat per-plane indices (``h * W + w`` in 2-D). The default
-  output size per spatial dim is ``(in - 1) * stride - 2 * padding + window``;
-  an explicit ``output_size`` must lie strictly within one stride of it, as in
-  PyTorch. When several inputs name the same cell, the last one in row-major
-  input order wins (PyTorch leaves this to its threads). Outside ``jax.jit``,
-  indices out of range raise ``ValueError``; inside it they are dropped.
+  The partial inverse of :class:`MaxPool` with ``return_indices=True``, built
+  from the same window arguments. Indices are PyTorch's flat per-plane indices
+  (``h * W + w`` in 2-D). The default output size per spatial dim is
+  ``(in - 1) * stride - pad_low - pad_high + dilation * (window - 1) + 1``
+  (PyTorch's ``(in - 1) * s - 2 * p + k``); an explicit ``output_size`` must lie
+  strictly within one stride of it, as in PyTorch. With ``padding="SAME"``
+  there is no default: ``output_size`` must be given, and must pool back to
+  the input's spatial shape. When several inputs name the same cell, the last
+  one in row-major input order wins (PyTorch leaves this to its threads).
+  Outside ``jax.jit``, indices out of range raise ``ValueError``; inside it
+  they are dropped.
 
   The result is differentiable in ``inputs``: each cell's cotangent goes back to
   the input that was written there.
@@ -41,94 +160,61 @@ class MaxUnpool(nnx.Module):
     >>> import jax.numpy as jnp
     >>> from nnx_pool import MaxPool, MaxUnpool
     >>> x = jnp.array([[1., 2, 5, 6], [3, 4, 8, 7], [0, -1, -3, -2], [-4, 9, -6, -5]])
-    >>> values, indices = MaxPool((2, 2), return_indices=True)(x[:, :, None])
-    >>> MaxUnpool((2, 2))(values, indices)[..., 0]
+    >>> values, indices = MaxPool(2, return_indices=True)(x[:, :, None])
+    >>> MaxUnpool(2)(values, indices)[..., 0]
     Array([[ 0.,  0.,  0.,  0.],
            [ 0.,  4.,  8.,  0.],
            [ 0.,  0.,  0., -2.],
            [ 0.,  9.,  0.,  0.]], dtype=float32)
 
   Args:
-    window_shape: the pooling window, an int (1-D) or a tuple of 1 to 3 ints.
+    window_shape: the pooling window, an int (repeated over ``num_spatial_dims``)
+      or a tuple of 1 to 3 ints.
     strides: an int or a tuple; defaults to ``window_shape``.
-    padding: the pooling's symmetric padding, an int or a tuple of ints (default 0).
-    in_features: the channel count, checked against the last axis when given.
+    padding: the pooling's padding, any form :class:`MaxPool` takes:
+      ``"VALID"`` (default), ``"SAME"`` (then ``output_size`` is required), an
+      int, a tuple of ints or a tuple of ``(low, high)`` pairs.
+    num_spatial_dims: 1, 2 or 3, keyword-only (default 2, unless a tuple
+      argument sets it by its length).
+    dilation: the pooling's dilation, an int or a tuple (default 1).
+    in_features: the channel count, checked against the last axis when given
+      (default None).
   """
 
-  def __init__(self, window_shape, strides=None, padding=0, *, in_features: int | None = None):
-    ndim = num_spatial_dims(window_shape)
-    self.window_shape = as_tuple(window_shape, ndim, "window_shape")
-    self.strides = self.window_shape if strides is None else as_tuple(strides, ndim, "strides")
-    self.padding = as_tuple(padding, ndim, "padding", minimum=0)
+  def __init__(self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+               num_spatial_dims: int | None = None, dilation=1, in_features: int | None = None):
+    self.window = Window.create(window_shape, strides, padding, dilation=dilation,
+                                num_spatial_dims=num_spatial_dims)
     self.in_features = check_in_features(in_features)
 
   def default_output_size(self, input_size: Sequence[int]) -> tuple[int, ...]:
-    """PyTorch's output size for a pooled spatial shape: ``(in - 1) * s - 2 * p + k``."""
-    return tuple(
-        (n - 1) * s - 2 * p + k
-        for n, s, p, k in zip(
-            input_size, self.strides, self.padding, self.window_shape, strict=True)
-    )
+    """The unpooled spatial shape for a pooled spatial shape ``input_size``, when not given.
 
-  def _output_size(self, input_size, output_size) -> tuple[int, ...]:
-    default = self.default_output_size(input_size)
-    if output_size is None:
-      size = default
-    else:
-      ndim = len(default)
-      if isinstance(output_size, Sequence) and len(output_size) in (ndim + 1, ndim + 2):
-        output_size = tuple(output_size)[-ndim - 1:-1]  # a full (N, *spatial, C) shape
-      size = as_tuple(output_size, ndim, "output_size")
-      for dim, (want, base, s) in enumerate(zip(size, default, self.strides, strict=True)):
-        if not base - s < want < base + s:
-          raise ValueError(
-              f"`output_size` {tuple(size)} is out of range: spatial dim {dim} must lie "
-              f"strictly between {base - s} and {base + s} (default {base}, stride {s})."
-          )
-    if any(n < 1 for n in size):
-      raise ValueError(f"MaxUnpool: the output size {size} has an empty dim.")
-    check_plane_indexable(size, "MaxUnpool", " The output plane is what `indices` address.")
-    return size
+    Raises:
+      ValueError: with ``padding="SAME"``, which needs an explicit ``output_size``.
+    """
+    return default_output_size(self.window, tuple(input_size))
 
   def __call__(self, inputs, indices, output_size=None) -> jax.Array:
     """Unpools ``(N, *in, C)`` (or ``(*in, C)``) with same-shaped integer ``indices``.
 
+    Args:
+      inputs: the pooled values, channels-last.
+      indices: the int flat per-plane indices that MaxPool returned with them.
+      output_size: the spatial shape to unpool to, usually that of the map
+        that was pooled: a tuple of one int per spatial dim (or a full
+        ``(N, *spatial, C)`` / ``(*spatial, C)`` shape, whose spatial part is
+        used), or an int for every dim. Default None: :meth:`default_output_size`.
+        Required with ``padding="SAME"``.
+
     Returns:
       ``(N, *output_size, C)`` (or ``(*output_size, C)``), zero where no index points.
     """
-    name = type(self).__name__
-    x = as_array(inputs)
-    indices = as_array(indices, "indices")
-    check_dtype(x, "ordered", name)
-    batched = check_rank(x, len(self.window_shape), name)
-    check_features(x, self.in_features, batched, name)
-    if indices.shape != x.shape:
-      raise ValueError(
-          f"{name}: `indices` must have the shape of `inputs` {tuple(x.shape)}; got "
-          f"{tuple(indices.shape)}."
-      )
-    if not jnp.issubdtype(indices.dtype, jnp.integer):
-      raise TypeError(f"{name}: `indices` must be integers; got dtype {indices.dtype}.")
-    if not batched:
-      x, indices = x[None], indices[None]
-    size = self._output_size(x.shape[1:-1], output_size)
-    plane = math.prod(size)
-    try:
-      concrete = np.asarray(indices)
-    except jax.errors.TracerArrayConversionError:  # inside jit: out-of-range indices drop
-      concrete = None
-    if concrete is not None and concrete.size:
-      low, high = int(concrete.min()), int(concrete.max())
-      if low < 0 or high >= plane:
-        raise ValueError(
-            f"{name}: `indices` must lie in [0, {plane}) for output size {size}; got values "
-            f"in [{low}, {high}]."
-        )
-    y = _unpool(x, indices.astype(jnp.int32), size)
-    return y if batched else y[0]
+    return _max_unpool(inputs, indices, self.window, output_size, self.in_features,
+                       type(self).__name__)
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@kernel(static_argnums=2)
 def _unpool(x: jax.Array, indices: jax.Array, size: tuple[int, ...]) -> jax.Array:
   n, c = x.shape[0], x.shape[-1]
   cells, plane = math.prod(x.shape[1:-1]), math.prod(size)

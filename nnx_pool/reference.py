@@ -1,7 +1,9 @@
-"""A plain-NumPy mirror of PyTorch's pooling semantics, for tests only.
+"""A plain-NumPy mirror of PyTorch's pooling semantics: the reference to test pooling against.
 
 This module is the second, independent reference that the JAX implementation
-is checked against (PyTorch itself is the first). It deliberately imports
+is checked against (PyTorch itself is the first). It is public on purpose: a
+reference kit should let users check their own pooling code against the same
+rules, without PyTorch installed. It deliberately imports
 nothing else from ``nnx_pool``: every output size, padding, divisor and index
 below is computed here from the rules, with explicit Python loops over output
 positions and window cells. It favours clarity over speed and is meant for
@@ -449,13 +451,8 @@ def _arg_pool(
 
 
 def max_pool(
-  x: np.ndarray,
-  window: Sequence[int],
-  strides: Sequence[int],
-  padding: Padding,
-  *,
-  dilation: Sequence[int] | None = None,
-  ceil_mode: bool = False,
+  x: np.ndarray, window: Sequence[int], strides: Sequence[int], padding: Padding, *,
+  dilation: Sequence[int] | None = None, ceil_mode: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
   """PyTorch's max pool with ``return_indices=True``, channels-last.
 
@@ -475,18 +472,12 @@ def max_pool(
   >= 0, flattened with the input's extents. That coordinate lies at or past
   the input's end, so the index aliases another cell or exceeds the plane.
   """
-  values, indices, _ = _arg_pool(x, window, strides, padding, dilation, ceil_mode, "max")
-  return values, indices
+  return _arg_pool(x, window, strides, padding, dilation, ceil_mode, "max")[:2]
 
 
 def min_pool(
-  x: np.ndarray,
-  window: Sequence[int],
-  strides: Sequence[int],
-  padding: Padding,
-  *,
-  dilation: Sequence[int] | None = None,
-  ceil_mode: bool = False,
+  x: np.ndarray, window: Sequence[int], strides: Sequence[int], padding: Padding, *,
+  dilation: Sequence[int] | None = None, ceil_mode: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
   """The min counterpart of :func:`max_pool`.
 
@@ -496,20 +487,12 @@ def min_pool(
   indices. A window with no real cell gives +inf (integers: dtype max) and
   PyTorch's index, as in :func:`max_pool`.
   """
-  values, indices, _ = _arg_pool(x, window, strides, padding, dilation, ceil_mode, "min")
-  return values, indices
+  return _arg_pool(x, window, strides, padding, dilation, ceil_mode, "min")[:2]
 
 
 def max_pool_grad(
-  x: np.ndarray,
-  g: np.ndarray,
-  window: Sequence[int],
-  strides: Sequence[int],
-  padding: Padding,
-  *,
-  dilation: Sequence[int] | None = None,
-  ceil_mode: bool = False,
-  kind: Kind = "max",
+  x: np.ndarray, g: np.ndarray, window: Sequence[int], strides: Sequence[int], padding: Padding,
+  *, dilation: Sequence[int] | None = None, ceil_mode: bool = False, kind: Kind = "max",
 ) -> np.ndarray:
   """Gradient of :func:`max_pool` (or :func:`min_pool`, ``kind="min"``) w.r.t. ``x``.
 

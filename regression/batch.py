@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 from flax import nnx
 
 import nnx_pool
@@ -48,7 +49,6 @@ from nnx_pool import (
   MinPool,
   SelectAdaptivePool,
   SqueezeExcitation,
-  hard_sigmoid,
 )
 from nnx_pool.regression.inputs import INPUTS
 from nnx_pool.regression.tolerance import KINDS
@@ -132,9 +132,20 @@ class Case:
     }
 
 
+# Public namespaces that re-export functions defined in private modules.
+_PUBLIC = {"jax.nn": jax.nn, "jax.numpy": jax.numpy, "flax.nnx": nnx}
+
+
 def _show(value: Any) -> str:
-  """A stable spelling of a constructor argument: functions by name, not by address."""
+  """A stable spelling of a constructor argument: functions by name, not by address.
+
+  A function defined in a private module (``jax._src...``) is named by its public
+  alias, so that a move inside the library does not read as a changed declaration.
+  """
   if callable(value) and hasattr(value, "__qualname__"):
+    for prefix, namespace in _PUBLIC.items():
+      if getattr(namespace, value.__qualname__, None) is value:
+        return f"{prefix}.{value.__qualname__}"
     return f"{getattr(value, '__module__', '')}.{value.__qualname__}".lstrip(".")
   return repr(value)
 
@@ -209,7 +220,10 @@ def _max_cases() -> list[Case]:
       case("max_k3s2p1_ceil_indices_unbatched",
            call(MaxPool, (3, 3), 2, 1, ceil_mode=True, return_indices=True, in_features=2),
            input="unbatched", tolerance="select", indices=True),
-      case("max_1d_k3s2p1_seq", call(MaxPool, 3, 2, 1), input="seq", tolerance="select"),
+      case("max_1d_k3s2p1_seq", call(MaxPool, 3, 2, 1, num_spatial_dims=1), input="seq",
+           tolerance="select"),
+      case("max_k3s2p1_ints_batch", call(MaxPool, 3, 2, 1), input="batch", tolerance="select",
+           note="ints repeated over 2 spatial dims: PyTorch's nn.MaxPool2d(3, 2, 1)"),
       case("max_3d_k2_indices_vol", call(MaxPool, (2, 2, 2), return_indices=True), input="vol",
            tolerance="select", indices=True),
       case("max_k3s1_f16_one", call(MaxPool, (3, 3), 1), input="one", dtype="float16",
@@ -273,7 +287,8 @@ def _avg_cases() -> list[Case]:
            tolerance="exact_sum"),
       case("avg_k23_s12_pairs_unbatched",
            call(avg, (2, 3), (1, 2), ((1, 0), (0, 1)), in_features=2), input="unbatched"),
-      case("avg_1d_k3s2p1_nopad_seq", call(avg, 3, 2, 1, count_include_pad=False), input="seq"),
+      case("avg_1d_k3s2p1_nopad_seq",
+           call(avg, 3, 2, 1, count_include_pad=False, num_spatial_dims=1), input="seq"),
       case("avg_3d_k2s1_vol", call(avg, (2, 2, 2), 1), input="vol"),
       case("avg_k3s2p1_bf16_batch", call(avg, (3, 3), 2, 1), input="batch", dtype="bfloat16"),
       case("avg_k2_f16_batch", call(avg, (2, 2)), input="batch", dtype="float16"),
@@ -293,7 +308,7 @@ def _lp_cases() -> list[Case]:
       case("lp3_k3s2_ceil_positive", call(lp, 3, (3, 3), 2, ceil_mode=True), input="positive",
            note="odd power: positive inputs (negative sums give NaN, as PyTorch)"),
       case("lp1.5_k2s1_positive", call(lp, 1.5, (2, 2), 1), input="positive"),
-      case("lp2_1d_k3s2_seq", call(lp, 2, 3, 2), input="seq"),
+      case("lp2_1d_k3s2_seq", call(lp, 2, 3, 2, num_spatial_dims=1), input="seq"),
       case("lp2_3d_k2_vol", call(lp, 2, (2, 2, 2)), input="vol"),
       case("lp2_k33s3_unbatched", call(lp, 2, (3, 3), 3, in_features=2), input="unbatched"),
       case("lp2_k2_bf16_batch", call(lp, 2, (2, 2)), input="batch", dtype="bfloat16"),
@@ -409,7 +424,9 @@ def _unpool_cases() -> list[Case]:
             note="padding 1, stride 2: the default output size restores 5x7"),
       chain("unpool_k3s1_overlap_one", ((3, 3), 1), ((3, 3), 1), "one",
             note="overlapping windows pick the same cell: the last writer wins"),
-      chain("unpool_1d_k2_seq", (2,), (2,), "seq"),
+      chain("unpool_1d_k2_seq", ((2,),), ((2,),), "seq"),
+      chain("unpool_k3s2_pairs_asym", (3, 2, ((1, 1), (0, 0))), (3, 2, ((1, 1), (0, 0))), "asym",
+            note="MaxPool's (low, high) padding pairs, copied over: the default size is 5x7"),
       chain("unpool_k2_in_features_unbatched", ((2, 2),), ((2, 2),), "unbatched",
             options={"in_features": 2}),
       chain("unpool_k2_bf16_one", ((2, 2),), ((2, 2),), "one", dtype="bfloat16"),
@@ -440,7 +457,7 @@ def _gate_cases() -> list[Case]:
   gate = dict(input="gate_map", tolerance="gate", params=True)
   return [
       case("se_gate_map", call(SqueezeExcitation, 8), **gate),
-      case("se_s4_hardsigmoid_map", call(SqueezeExcitation, 8, 4, gate=hard_sigmoid),
+      case("se_s4_hardsigmoid_map", call(SqueezeExcitation, 8, 4, gate=jax.nn.hard_sigmoid),
            **gate),
       case("se_nobias_unbatched", call(SqueezeExcitation, 8, 2, use_bias=False),
            input="gate_map_unbatched", tolerance="gate", params=True),

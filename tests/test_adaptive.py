@@ -164,11 +164,17 @@ def test_adaptivepool_integer_dtypes():
 
 
 def test_adaptiveavgpool_bfloat16_sums_in_float32():
-  # Hand computation: 256 ones and a 1 on a bfloat16 line to 1 bin: a bfloat16 running sum
-  # would stall at 256, the float32 sum gives 257 / 257 = 1.
-  x = jnp.ones((1, 257, 1), jnp.bfloat16)
-  y = AdaptiveAvgPool((1,))(x)
-  assert y.dtype == jnp.bfloat16 and float(y[0, 0, 0]) == 1.0
+  # Hand computation: bins of [253, 1, 1, 1, 1] in bfloat16. The float32 sum is 257 and
+  # 257 / 5 = 51.4, which rounds to 51.5 in bfloat16 (spacing 0.25). In bfloat16, 257
+  # rounds to 256 (ties to even) and 256 / 5 = 51.2 to 51.25. The divisor 5 is exact in
+  # bfloat16, so only the accumulation dtype can change the result. One bin is the
+  # global-mean path, two bins of 5 the window-kernel path.
+  line = jnp.array([253, 1, 1, 1, 1] * 2, jnp.bfloat16)[None, :, None]
+  for pool, x in [(AdaptiveAvgPool((1,)), line[:, :5]), (GlobalAvgPool(num_spatial_dims=1),
+                  line[:, :5]), (AdaptiveAvgPool((2,)), line)]:
+    y = pool(x)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y, np.float32).reshape(-1), 51.5)
 
 
 def test_adaptivepool_unbatched_equals_batched():
@@ -241,12 +247,18 @@ def test_adaptiveavgpool_gradient_hand_computed():
          "select_catavgmax"],
 )
 def test_adaptivepools_eager_equals_jit_and_gradients_finite(pool):
+  # The kernels jit themselves; jax.disable_jit() runs them op by op, really eagerly.
   x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 7, 6, 3)), jnp.float32)
-  eager = pool(x)
+
+  def loss(a):
+    return (pool(a) ** 2).sum()
+
+  with jax.disable_jit():
+    eager, eager_grad = pool(x), jax.grad(loss)(x)
   jitted = nnx.jit(lambda m, a: m(a))(pool, x)
-  np.testing.assert_array_equal(eager, jitted)
-  grad = jax.grad(lambda a: (pool(a) ** 2).sum())(x)
-  assert grad.shape == x.shape and bool(jnp.isfinite(grad).all())
+  np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(jax.jit(jax.grad(loss))(x), eager_grad, rtol=1e-6, atol=1e-6)
+  assert eager_grad.shape == x.shape and bool(jnp.isfinite(eager_grad).all())
 
 
 # ----------------------------------------------------------------------------
@@ -289,7 +301,7 @@ def test_adaptivepool_output_size_forms():
     AdaptiveMaxPool((2, "a"))
   with pytest.raises(TypeError, match="`output_size`"):
     AdaptiveMaxPool(2.0)
-  with pytest.raises(ValueError, match="`num_spatial_dims` is 1"):
+  with pytest.raises(ValueError, match="but `num_spatial_dims=1` sets 1 spatial dim"):
     AdaptiveAvgPool((2, 2), num_spatial_dims=1)
   with pytest.raises(ValueError, match="`num_spatial_dims` must be 1, 2 or 3"):
     GlobalAvgPool(num_spatial_dims=4)

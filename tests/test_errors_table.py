@@ -71,8 +71,11 @@ def _r(section, modules, what, call, raises, message):
 
 _FORMS = ('"VALID" or "SAME" (any case), an int (both sides of every dim), a tuple of ints '
           "(symmetric per dim), or a tuple of (low, high) pairs")
-_OUTPUT_FORMS = ("an int (applied to `num_spatial_dims` dims, default 2) or a tuple of 1 to 3 "
+_OUTPUT_FORMS = ("an int (repeated over `num_spatial_dims`, default 2) or a tuple of 1 to 3 "
                  "entries, each a positive int or None (keep that dim)")
+_RANK_HINT = (" If it has no channel axis, add one: x[..., None]. For this shape set "
+              "num_spatial_dims=1 (the default is 2; a tuple argument sets it by its length).")
+_AGREE = "give every tuple one entry per spatial dim, or an int for all of them."
 
 
 def _empty(c: int) -> str:
@@ -83,8 +86,9 @@ def _empty(c: int) -> str:
 
 _BIG = ("a plane of spatial shape (65536, 65536) has 4294967296 cells, but flat indices are "
         "int32 and address at most 2**31 - 1 = 2147483647 cells.")
-_W, _G, _A, _U, _T, _F = (
-    "Window pools", "Global pools", "Adaptive pools", "Max unpooling", "Gates", "Gates: from_torch")
+_W, _G, _A, _U, _T, _F, _P = (
+    "Window pools", "Global pools", "Adaptive pools", "Max unpooling", "Gates", "Gates: from_torch",
+    "Functional twins (nnx_pool.functional)")
 
 ROWS = (
     # ------------------------------------------------------------ window pools
@@ -109,7 +113,7 @@ ROWS = (
     _r(_W, ALL_WINDOW, "`strides` below 1", "{M}((2, 2), 0)", "ValueError",
        "`strides` entries must be >= 1; got 0."),
     _r(_W, ALL_WINDOW, "`strides` of the wrong length", "{M}((2, 2), (1,))", "ValueError",
-       "`strides` must have one entry per spatial dim (2); got (1,) with 1."),
+       f"`strides` (1,) has 1 entries, but `window_shape` (2, 2) sets 2 spatial dim(s); {_AGREE}"),
     _r(_W, ALL_WINDOW, "`strides` a float", "{M}((2, 2), 1.5)", "TypeError",
        "`strides` must be an int or a tuple of ints; got 1.5."),
     _r(_W, ALL_WINDOW, "`strides` a string", "{M}((2, 2), '1')", "TypeError",
@@ -119,7 +123,7 @@ ROWS = (
     _r(_W, WINDOW, "`padding` negative", "{M}((3, 3), padding=-1)", "ValueError",
        "`padding` must be non-negative; got -1."),
     _r(_W, WINDOW, "`padding` of the wrong length", "{M}((3, 3), padding=(1,))", "ValueError",
-       f"`padding` must have one entry per spatial dim (2); got (1,). Accepted: {_FORMS}."),
+       f"`padding` (1,) has 1 entries, but `window_shape` (3, 3) sets 2 spatial dim(s); {_AGREE}"),
     _r(_W, WINDOW, "`padding` with triples", "{M}((3, 3), padding=((1, 1, 1), (0, 0)))",
        "TypeError", f"`padding` must be {_FORMS}; got ((1, 1, 1), (0, 0))."),
     _r(_W, WINDOW, "`padding` a float", "{M}((3, 3), padding=1.0)", "TypeError",
@@ -162,7 +166,7 @@ ROWS = (
        f"`norm_type` must be a positive finite number; got {10**400!r}."),
     _r(_W, WINDOW, "`padding` past int64", "{M}(2**62, padding=2**63)", "ValueError",
        f"`padding` entries must be at most 2**63 - 1 (int64); got {2**63}."),
-    _r(_W, WINDOW, "a padded dim past int32", "{M}(2**40, padding=2**39)(x(1, 4, 1))",
+    _r(_W, WINDOW, "a padded dim past int32", "{M}((2**40,), padding=2**39)(x(1, 4, 1))",
        "ValueError", f"Spatial dim 0 of length 4 with padding ({2**39}, {2**39}) is "
        f"{4 + 2**40} cells long padded; the kernels' int32 coordinates address at most "
        "2**31 - 1."),
@@ -184,7 +188,7 @@ ROWS = (
        "`in_features` must be a positive int or None; got 0."),
     _r(_W, "LPPool", "`inputs` of the wrong rank", "LPPool(2, (2, 2))(x(6, 6))", "ValueError",
        "LPPool: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 "
-       "spatial dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)."),
+       "spatial dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_W, "LPPool", "`inputs` integer", "LPPool(2, (2, 2))(x(1, 4, 4, 1, dtype=jnp.int32))",
        "TypeError",
        "LPPool: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it "
@@ -202,7 +206,7 @@ ROWS = (
     _r(_W, WINDOW, "`inputs` of the wrong rank", "{M}((2, 2))(x(6, 6))",
        "ValueError",
        "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)."),
+       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_W, WINDOW, "`inputs` channels-first", "{M}((2, 2), in_features=3)(x(8, 3, 32, 32))",
        "ValueError",
        "{M}: `inputs` must be channels-last with in_features=3 on the last axis; got shape "
@@ -227,37 +231,52 @@ ROWS = (
     _r(_W, WINDOW, "window larger than the input", "{M}((3, 3))(x(1, 2, 2, 1))", "ValueError",
        "Output size is too small: spatial dim 0 of length 2 with window 3, dilation 1 (effective "
        "3), stride 3 and padding (0, 0) gives 0 outputs. The window must fit in the padded input."),
-    _r(_W, WINDOW, "a spatial dim of size 0", "{M}(2)(x(1, 0, 1))", "ValueError",
+    _r(_W, WINDOW, "a spatial dim of size 0", "{M}((2,))(x(1, 0, 1))", "ValueError",
        "Output size is too small: spatial dim 0 of length 0 with window 2, dilation 1 (effective "
        "2), stride 2 and padding (0, 0) gives 0 outputs. The window must fit in the padded input."),
     _r(_W, SELECT, "a window made of padding only", "{M}(2, 1, 1, dilation=2)(x(1, 1, 1))",
        "ValueError",
        "Window 0 along spatial dim 0 covers only padding (length 1, window 2, dilation 2, "
        "padding (1, 1)). Reduce the padding or dilation."),
+    _r(_W, WINDOW, "a tuple that disagrees with `num_spatial_dims`",
+       "{M}((3,), num_spatial_dims=2)", "ValueError",
+       f"`window_shape` (3,) has 1 entries, but `num_spatial_dims=2` sets 2 spatial dim(s); "
+       f"{_AGREE}"),
+    _r(_W, WINDOW, "`num_spatial_dims` not 1, 2 or 3", "{M}(2, num_spatial_dims=4)",
+       "ValueError", "`num_spatial_dims` must be 1, 2 or 3; got 4."),
     # ------------------------------------------------------------ max unpooling
     _r(_U, "MaxUnpool", "`padding` negative", "MaxUnpool((2, 2), padding=-1)", "ValueError",
-       "`padding` entries must be >= 0; got -1."),
-    _r(_U, "MaxUnpool", "`padding` a string", "MaxUnpool((2, 2), padding='SAME')", "TypeError",
-       "`padding` must be an int or a tuple of ints; got 'SAME'."),
+       "`padding` must be non-negative; got -1."),
+    _r(_U, "MaxUnpool", "`padding` an unknown string", "MaxUnpool((2, 2), padding='FULL')",
+       "ValueError", f"`padding` must be {_FORMS}; got 'FULL'."),
+    _r(_U, "MaxUnpool", "SAME padding without `output_size`",
+       "MaxUnpool((2, 2), padding='SAME')(x(1, 2, 2, 1), idx(1, 2, 2, 1))", "ValueError",
+       'MaxUnpool with padding="SAME" needs `output_size` (the spatial shape that was pooled): '
+       "SAME padding depends on it, so the default size cannot be known."),
+    _r(_U, "MaxUnpool", "SAME padding, `output_size` that does not pool back",
+       "MaxUnpool((2, 2), padding='SAME')(x(1, 2, 2, 1), idx(1, 2, 2, 1), output_size=(5, 4))",
+       "ValueError", '`output_size` (5, 4) is out of range: with padding="SAME" it pools to '
+       "(3, 2), not to the input's spatial shape (2, 2)."),
     _r(_U, "MaxUnpool", "`indices` of another shape",
-       "MaxUnpool(2)(x(1, 2, 1), idx(1, 3, 1))", "ValueError",
+       "MaxUnpool((2,))(x(1, 2, 1), idx(1, 3, 1))", "ValueError",
        "MaxUnpool: `indices` must have the shape of `inputs` (1, 2, 1); got (1, 3, 1)."),
-    _r(_U, "MaxUnpool", "`indices` not integers", "MaxUnpool(2)(x(1, 2, 1), x(1, 2, 1))",
+    _r(_U, "MaxUnpool", "`indices` not integers", "MaxUnpool((2,))(x(1, 2, 1), x(1, 2, 1))",
        "TypeError", "MaxUnpool: `indices` must be integers; got dtype float32."),
-    _r(_U, "MaxUnpool", "`indices` not an array", "MaxUnpool(2)(x(1, 2, 1), 'i')", "TypeError",
+    _r(_U, "MaxUnpool", "`indices` not an array", "MaxUnpool((2,))(x(1, 2, 1), 'i')", "TypeError",
        "`indices` must be an array; got str."),
     _r(_U, "MaxUnpool", "`indices` out of range (outside jit)",
-       "MaxUnpool(2)(x(1, 2, 1), jnp.array([[[0], [9]]], jnp.int32))", "ValueError",
+       "MaxUnpool((2,))(x(1, 2, 1), jnp.array([[[0], [9]]], jnp.int32))", "ValueError",
        "MaxUnpool: `indices` must lie in [0, 4) for output size (4,); got values in [0, 9]."),
     _r(_U, "MaxUnpool", "`output_size` out of range",
-       "MaxUnpool(2)(x(1, 2, 1), idx(1, 2, 1), output_size=(6,))", "ValueError",
+       "MaxUnpool((2,))(x(1, 2, 1), idx(1, 2, 1), output_size=(6,))", "ValueError",
        "`output_size` (6,) is out of range: spatial dim 0 must lie strictly between 2 and 6 "
        "(default 4, stride 2)."),
     _r(_U, "MaxUnpool", "`output_size` a float",
-       "MaxUnpool(2)(x(1, 2, 1), idx(1, 2, 1), output_size=2.5)", "TypeError",
+       "MaxUnpool((2,))(x(1, 2, 1), idx(1, 2, 1), output_size=2.5)", "TypeError",
        "`output_size` must be an int or a tuple of ints; got 2.5."),
-    _r(_U, "MaxUnpool", "an empty output", "MaxUnpool(2, padding=1)(x(1, 1, 1), idx(1, 1, 1))",
-       "ValueError", "MaxUnpool: the output size (0,) has an empty dim."),
+    _r(_U, "MaxUnpool", "an empty output",
+       "MaxUnpool((2,), padding=1)(x(1, 1, 1), idx(1, 1, 1))", "ValueError",
+       "MaxUnpool: the output size (0,) has an empty dim."),
     _r(_U, "MaxUnpool", "an output plane past int32 indices",
        "jax.eval_shape(MaxUnpool((2, 2), 2**16), spec(1, 2, 2, 1), "
        "spec(1, 2, 2, 1, dtype=jnp.int32))", "ValueError",
@@ -267,9 +286,9 @@ ROWS = (
     _r(_U, "MaxUnpool", "`inputs` of the wrong rank", "MaxUnpool((2, 2))(x(6, 6), idx(6, 6))",
        "ValueError",
        "MaxUnpool: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 "
-       "spatial dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)."),
+       "spatial dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_U, "MaxUnpool", "`inputs` bool",
-       "MaxUnpool(2)(x(1, 2, 1, dtype=bool), idx(1, 2, 1))", "TypeError",
+       "MaxUnpool((2,))(x(1, 2, 1, dtype=bool), idx(1, 2, 1))", "TypeError",
        "MaxUnpool: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
     # ------------------------------------------------------------ global pools
     _r(_G, GLOBAL, "`num_spatial_dims` not 1, 2 or 3", "{M}(num_spatial_dims=4)", "ValueError",
@@ -282,7 +301,7 @@ ROWS = (
        "`in_features` must be a positive int or None; got 0."),
     _r(_G, GLOBAL, "`inputs` of the wrong rank", "{M}()(x(6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)."),
+       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_G, GLOBAL, "`inputs` channels-first", "{M}(in_features=2)(x(1, 2, 6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last with in_features=2 on the last axis; got shape "
        "(1, 2, 6, 6). It looks channels-first (NCHW: 2 on axis 1); use jnp.moveaxis(x, 1, -1)."),
@@ -303,17 +322,17 @@ ROWS = (
     _r(_A, ADAPTIVE, "`output_size` entry below 1", "{M}((2, 0))", "ValueError",
        f"`output_size` must be {_OUTPUT_FORMS}; got (2, 0)."),
     _r(_A, ADAPTIVE, "`output_size` empty", "{M}(())", "ValueError",
-       f"`output_size` must be {_OUTPUT_FORMS}; got ()."),
+       "`output_size` must have 1, 2 or 3 entries (one per spatial dim); got ()."),
     _r(_A, ADAPTIVE, "`output_size` of 4 dims", "{M}((1, 1, 1, 1))", "ValueError",
-       f"`output_size` must be {_OUTPUT_FORMS}; got (1, 1, 1, 1)."),
+       "`output_size` must have 1, 2 or 3 entries (one per spatial dim); got (1, 1, 1, 1)."),
     _r(_A, ADAPTIVE, "`output_size` a float", "{M}(2.0)", "TypeError",
        f"`output_size` must be {_OUTPUT_FORMS}; got 2.0."),
     _r(_A, ADAPTIVE, "`output_size` with a string", "{M}(('2', 2))", "TypeError",
        f"`output_size` must be {_OUTPUT_FORMS}; got ('2', 2)."),
     _r(_A, ADAPTIVE, "`output_size` and `num_spatial_dims` disagree",
        "{M}((2, 2), num_spatial_dims=3)", "ValueError",
-       "`output_size` (2, 2) has 2 entries but `num_spatial_dims` is 3; give one or make them "
-       "agree."),
+       f"`output_size` (2, 2) has 2 entries, but `num_spatial_dims=3` sets 3 spatial dim(s); "
+       f"{_AGREE}"),
     _r(_A, ADAPTIVE, "`num_spatial_dims` not 1, 2 or 3", "{M}(2, num_spatial_dims=0)",
        "ValueError", "`num_spatial_dims` must be 1, 2 or 3; got 0."),
     _r(_A, "AdaptiveMaxPool", "`return_indices` not a bool",
@@ -334,7 +353,7 @@ ROWS = (
        "ValueError", f"SelectAdaptivePool: {_BIG} The max keeps one (for its gradient too)."),
     _r(_A, ADAPTIVE, "`inputs` of the wrong rank", "{M}(2)(x(6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)."),
+       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_A, ADAPTIVE, "`inputs` bool", "{M}(2)(x(1, 4, 4, 1, dtype=bool))", "TypeError",
        "{M}: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
     _r(_A, ("AdaptiveAvgPool", "SelectAdaptivePool"), "`inputs` integer (averages)",
@@ -410,7 +429,7 @@ ROWS = (
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
             "CBAM"), "`inputs` of the wrong rank", "{M}(8, rngs=rngs)(x(5, 8))", "ValueError",
        "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (5, 8) (rank 2)."),
+       "dim(s), so rank 4 or 3; got shape (5, 8) (rank 2)." + _RANK_HINT),
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
             "CBAM"), "`inputs` integer", "{M}(8, rngs=rngs)(x(1, 5, 5, 8, dtype=jnp.int32))",
        "TypeError",
@@ -451,6 +470,25 @@ ROWS = (
        "ValueError",
        "EfficientChannelAttention.from_torch: `conv.weight` must be a Conv1d(1, 1, k) weight of "
        "shape (1, 1, k); got (2, 1, 3). (timm's use_mlp=True variant is not supported.)"),
+    # ------------------------------------------------------------ functional twins
+    _r(_P, ("avg_pool", "max_pool", "min_pool"), "`inputs` of the wrong rank",
+       "functional.{M}(x(6, 6), 2)", "ValueError",
+       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
+       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+    _r(_P, ("avg_pool", "max_pool", "min_pool"), "an argument the module refuses",
+       "functional.{M}(x(1, 4, 4, 1), (2, 2), (1,))", "ValueError",
+       f"`strides` (1,) has 1 entries, but `window_shape` (2, 2) sets 2 spatial dim(s); {_AGREE}"),
+    _r(_P, "lp_pool", "`norm_type` zero or negative", "functional.lp_pool(x(1, 4, 4, 1), 0, 2)",
+       "ValueError", "`norm_type` must be a positive finite number; got 0."),
+    _r(_P, "max_unpool", "`indices` of another shape",
+       "functional.max_unpool(x(1, 2, 2, 1), idx(1, 2, 3, 1), 2)", "ValueError",
+       "max_unpool: `indices` must have the shape of `inputs` (1, 2, 2, 1); got (1, 2, 3, 1)."),
+    _r(_P, ("adaptive_avg_pool", "adaptive_max_pool"), "`inputs` of the wrong rank",
+       "functional.{M}(x(6, 6), 2)", "ValueError",
+       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
+       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+    _r(_P, ("global_avg_pool", "global_max_pool"), "a spatial dim of size 0",
+       "functional.{M}(x(1, 0, 4, 1))", "ValueError", "{M}: `inputs` " + _empty(1)),
 )
 
 

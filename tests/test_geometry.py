@@ -7,7 +7,7 @@ from nnx_pool._geometry import Window, as_tuple, parse_padding
 
 
 def _out(length, k, s, padding=0, *, dilation=1, ceil_mode=False):
-  window = Window.create(k, s, padding, dilation=dilation, ceil_mode=ceil_mode)
+  window = Window.create(k, s, padding, dilation=dilation, ceil_mode=ceil_mode, num_spatial_dims=1)
   return window.resolve((length,)).out_shape[0]
 
 
@@ -36,13 +36,13 @@ def test_geometry_same_padding_places_extra_on_high_side():
   assert geom.out_shape == (3, 5)
   # dim 0: total = 2 * 2 + 3 - 6 = 1 -> (0, 1); dim 1: total = 4 + 2 - 5 = 1 -> (0, 1).
   assert [(d.pad_low, d.pad_high) for d in geom.dims] == [(0, 1), (0, 1)]
-  geom = Window.create(4, 1, "SAME").resolve((5,))
+  geom = Window.create((4,), 1, "SAME").resolve((5,))
   assert (geom.dims[0].pad_low, geom.dims[0].pad_high) == (1, 2)
 
 
 def test_geometry_divisors_follow_pytorch():
   # AvgPool1d(k3, s1, p1) on L=5: including pads 3 everywhere; excluding [2, 3, 3, 3, 2].
-  geom = Window.create(3, 1, 1).resolve((5,))
+  geom = Window.create((3,), 1, 1).resolve((5,))
   np.testing.assert_array_equal(geom.divisor(count_include_pad=True), [3, 3, 3, 3, 3])
   np.testing.assert_array_equal(geom.divisor(count_include_pad=False), [2, 3, 3, 3, 2])
   # 7x7, k2 s3 ceil: the last window [6, 8) is clipped to [6, 7): divisor 1 per dim.
@@ -99,11 +99,11 @@ def test_geometry_closed_form_counts_match_every_tap_enumerated(length, ceil_mod
 
 def test_geometry_keeps_only_the_taps_that_reach_the_padded_input():
   # Ceil mode, L=4, k=10**12 (stride 10**12): one window, of which taps 0-3 are real.
-  (dim,) = Window.create(10**12, ceil_mode=True).resolve((4,)).dims
+  (dim,) = Window.create((10**12,), ceil_mode=True).resolve((4,)).dims
   assert (dim.out, dim.window, dim.stride, dim.applied_high) == (1, 4, 1, 0)
   np.testing.assert_array_equal(dim.real_count(), [4])
   # L=5, k=4, s=3, pad 1, ceil: windows start at -1 and 2; reach = 2 + 4 = 6 = L + 1.
-  (dim,) = Window.create(4, 3, 1, ceil_mode=True).resolve((5,)).dims
+  (dim,) = Window.create((4,), 3, 1, ceil_mode=True).resolve((5,)).dims
   assert (dim.out, dim.window, dim.stride) == (2, 4, 3)
 
 
@@ -156,7 +156,7 @@ def test_geometry_rejects_padding_over_half_the_effective_window():
   with pytest.raises(ValueError, match="at most half the effective window"):
     Window.create((2, 2), 2, 2)
   # Dilation widens the effective window: k3 d2 has e = 5, so padding 2 is allowed.
-  assert Window.create(3, 1, 2, dilation=2).resolve((6,)).out_shape == (6,)
+  assert Window.create((3,), 1, 2, dilation=2).resolve((6,)).out_shape == (6,)
 
 
 def test_geometry_rejects_window_larger_than_input():
@@ -169,7 +169,7 @@ def test_geometry_rejects_windows_of_padding_only():
   # k2 d3 (e = 4) with padding 2 over L = 2: window 0 has taps -2 and 1 (one real cell),
   # window 1 has taps -1 and 2, both padding.
   with pytest.raises(ValueError, match="covers only padding"):
-    Window.create(2, 1, 2, dilation=3).resolve((2,))
+    Window.create((2,), 1, 2, dilation=3).resolve((2,))
 
 
 def test_geometry_rejects_ceil_mode_with_same():

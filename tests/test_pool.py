@@ -105,9 +105,9 @@ def test_avgpool_flax_same_vectors_both_policies():
 def test_avgpool_1d_padding_both_policies():
   # SEMANTICS.md: AvgPool1d(k3, s1, p1) on [1..5].
   x = jnp.arange(1.0, 6.0)[None, :, None]
-  np.testing.assert_allclose(AvgPool(3, 1, 1)(x)[0, :, 0], [1, 2, 3, 4, 3], rtol=1e-6)
+  np.testing.assert_allclose(AvgPool((3,), 1, 1)(x)[0, :, 0], [1, 2, 3, 4, 3], rtol=1e-6)
   np.testing.assert_allclose(
-      AvgPool(3, 1, 1, count_include_pad=False)(x)[0, :, 0], [1.5, 2, 3, 4, 4.5], rtol=1e-6
+      AvgPool((3,), 1, 1, count_include_pad=False)(x)[0, :, 0], [1.5, 2, 3, 4, 4.5], rtol=1e-6
   )
 
 
@@ -138,11 +138,11 @@ def test_maxpool_nan_propagates_and_last_nan_wins():
   # PyTorch 2.13 CPU: max_pool over [1, nan, 3, nan] gives nan at index 3 (it updates on
   # `val > max || isnan(val)`), and the gradient goes to index 3.
   x = jnp.array([1.0, np.nan, 3.0, np.nan])[None, :, None]
-  values, indices = MaxPool(4, return_indices=True)(x)
+  values, indices = MaxPool((4,), return_indices=True)(x)
   assert np.isnan(values[0, 0, 0]) and indices[0, 0, 0] == 3
-  grad = jax.grad(lambda x: MaxPool(4)(x).sum())(x)
+  grad = jax.grad(lambda x: MaxPool((4,))(x).sum())(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 0, 0, 1])
-  values, indices = MinPool(2, return_indices=True)(x)
+  values, indices = MinPool((2,), return_indices=True)(x)
   assert np.isnan(values[0, :, 0]).all()
   np.testing.assert_array_equal(indices[0, :, 0], [1, 3])
 
@@ -150,7 +150,7 @@ def test_maxpool_nan_propagates_and_last_nan_wins():
 def test_maxpool_all_minus_inf_points_at_first_real_cell():
   # PyTorch 2.13 CPU: max_pool1d(k3, s1, p1) over [-inf, -inf] -> values -inf, indices [0, 0].
   x = jnp.full((1, 2, 1), -np.inf)
-  values, indices = MaxPool(3, 1, 1, return_indices=True)(x)
+  values, indices = MaxPool((3,), 1, 1, return_indices=True)(x)
   np.testing.assert_array_equal(values[0, :, 0], [-np.inf, -np.inf])
   np.testing.assert_array_equal(indices[0, :, 0], [0, 0])
 
@@ -168,7 +168,7 @@ def test_maxpool_int32_padding_uses_dtype_min():
 def test_minpool_int8_no_overflow():
   # -max(-x) overflows int8 at -128; MinPool compares directly.
   x = jnp.array([-128, 127, 3, -128], jnp.int8)[None, :, None]
-  values, indices = MinPool(2, return_indices=True)(x)
+  values, indices = MinPool((2,), return_indices=True)(x)
   np.testing.assert_array_equal(values[0, :, 0], [-128, -128])
   np.testing.assert_array_equal(indices[0, :, 0], [0, 3])
 
@@ -176,30 +176,32 @@ def test_minpool_int8_no_overflow():
 def test_maxpool_dilation_and_gradient():
   # Hand computation: k2 d2 s1 over [0, 5, 1, 4, 2]: windows {0,1}, {5,4}, {1,2} by cell.
   x = jnp.array([0.0, 5.0, 1.0, 4.0, 2.0])[None, :, None]
-  values, indices = MaxPool(2, 1, dilation=2, return_indices=True)(x)
+  values, indices = MaxPool((2,), 1, dilation=2, return_indices=True)(x)
   np.testing.assert_array_equal(values[0, :, 0], [1, 5, 2])
   np.testing.assert_array_equal(indices[0, :, 0], [2, 1, 4])
   weights = jnp.arange(1.0, 4.0)[None, :, None]
-  grad = jax.grad(lambda x: jnp.sum(MaxPool(2, 1, dilation=2)(x) * weights))(x)
+  grad = jax.grad(lambda x: jnp.sum(MaxPool((2,), 1, dilation=2)(x) * weights))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 2, 1, 0, 3])
 
 
 def test_maxpool_gradient_drops_padding():
   # Hand computation: k3 s1 p1 over [2, 1]: both windows pick cell 0; padding gets nothing.
   x = jnp.array([2.0, 1.0])[None, :, None]
-  grad = jax.grad(lambda x: MaxPool(3, 1, 1)(x).sum())(x)
+  grad = jax.grad(lambda x: MaxPool((3,), 1, 1)(x).sum())(x)
   np.testing.assert_array_equal(grad[0, :, 0], [2, 0])
 
 
 def test_lppool_vectors():
   # Hand computation: sqrt(9 + 16) = 5, sqrt(36 + 64) = 10.
-  np.testing.assert_allclose(LPPool(2, 2)(jnp.array([[3.0], [4.0], [6.0], [8.0]]))[:, 0], [5, 10])
+  y = LPPool(2, (2,))(jnp.array([[3.0], [4.0], [6.0], [8.0]]))
+  np.testing.assert_allclose(y[:, 0], [5, 10])
   # PyTorch 2.13 CPU: lp_pool1d([3, 4, 12], 2, 2, ceil_mode=True) = [5.0000, 16.9706]: the
   # partial window (one cell) is scaled by k / 1 = 2, so sqrt(2 * 144).
-  y = LPPool(2, 2, ceil_mode=True)(jnp.array([3.0, 4.0, 12.0])[None, :, None])
+  y = LPPool(2, (2,), ceil_mode=True)(jnp.array([3.0, 4.0, 12.0])[None, :, None])
   np.testing.assert_allclose(y[0, :, 0], [5.0, np.sqrt(288.0)], rtol=1e-6)
   # p = 1 is a plain window sum (no absolute value): 1 + -3 = -2.
-  np.testing.assert_allclose(LPPool(1, 2)(jnp.array([1.0, -3.0])[None, :, None])[0, :, 0], [-2.0])
+  y = LPPool(1, (2,))(jnp.array([1.0, -3.0])[None, :, None])
+  np.testing.assert_allclose(y[0, :, 0], [-2.0])
 
 
 def test_pool_3d():
@@ -269,12 +271,18 @@ def test_pool_unbatched_equals_batched():
     ids=["avg", "max", "min", "lp"],
 )
 def test_pool_eager_equals_jit(module):
+  # The kernels jit themselves; jax.disable_jit() runs them op by op, really eagerly.
   x = jnp.asarray(np.random.default_rng(1).uniform(0.5, 2.0, (2, 7, 6, 3)), jnp.float32)
-  eager = module(x)
+
+  def loss(v):
+    return jnp.sum(module(v) ** 2)
+
+  with jax.disable_jit():
+    eager, eager_grad = module(x), jax.grad(loss)(x)
   jitted = nnx.jit(lambda m, x: m(x))(module, x)
   np.testing.assert_allclose(jitted, eager, rtol=1e-6)
-  grad = jax.grad(lambda x: jnp.sum(module(x) ** 2))(x)
-  assert bool(jnp.isfinite(grad).all())
+  np.testing.assert_allclose(jax.jit(jax.grad(loss))(x), eager_grad, rtol=1e-6, atol=1e-6)
+  assert bool(jnp.isfinite(eager_grad).all())
 
 
 def test_maxpool_vmap_matches_batch():
@@ -311,6 +319,13 @@ def test_avgpool_low_precision_accumulates_in_float32(dtype, rtol):
   np.testing.assert_allclose(np.asarray(y, np.float32), ref, rtol=rtol, atol=rtol)
   grad = jax.grad(lambda x: jnp.sum(AvgPool((3, 3), 2, 1)(x).astype(jnp.float32)))(x_low)
   assert grad.dtype == dtype and bool(jnp.isfinite(grad.astype(jnp.float32)).all())
+  # Hand computation: 256 then eight ones in one 3x3 window. Summed in float32, 264 / 9 =
+  # 29.33, which rounds to 29.375 in bfloat16 (spacing 0.125) and to 29.328125 in float16.
+  # A bfloat16 running sum stalls at 256 (257 rounds to even), giving 28.5.
+  window = jnp.ones((1, 3, 3, 1), dtype).at[0, 0, 0, 0].set(256)
+  want = {jnp.bfloat16: 29.375, jnp.float16: 29.328125}[dtype]
+  assert float(AvgPool(3)(window)[0, 0, 0, 0]) == want
+  assert float(LPPool(1, 3)(window)[0, 0, 0, 0]) == 264  # p = 1: the window's sum, exact
 
 
 # --- equality with flax.nnx where the semantics coincide ----------------------------
@@ -341,9 +356,9 @@ def test_ceil_mode_strides_longer_than_the_input_pool_the_padded_windows():
   # L = 1, window 6, stride 3, padding 3, ceil mode: windows [-3, 3) and [0, 6), two
   # outputs (PyTorch); the second window's stride phase starts past the input.
   x = jnp.array([[[5.0]]])
-  np.testing.assert_array_equal(MaxPool(6, 3, 3, ceil_mode=True)(x)[0, :, 0], [5.0, 5.0])
+  np.testing.assert_array_equal(MaxPool((6,), 3, 3, ceil_mode=True)(x)[0, :, 0], [5.0, 5.0])
   # Divisors clipped to [-3, L + 3) = [-3, 4): 6 cells, then [0, 4): 4 cells.
-  np.testing.assert_allclose(AvgPool(6, 3, 3, ceil_mode=True)(x)[0, :, 0], [5 / 6, 5 / 4],
+  np.testing.assert_allclose(AvgPool((6,), 3, 3, ceil_mode=True)(x)[0, :, 0], [5 / 6, 5 / 4],
                              rtol=1e-7)
   grid = jnp.arange(6.0).reshape(1, 2, 3, 1)
   got = MaxPool((7, 3), (4, 1), ((3, 3), (1, 1)), ceil_mode=True)(grid)
@@ -357,7 +372,7 @@ def test_avgpool_gradient_closed_form():
   # The gradient of sum(avg) puts 1 / divisor on every cell of every window covering it.
   # k3 s1 p1 over L=4 excluding pads: divisors [2, 3, 3, 2]; cell 0 is in windows 0, 1.
   x = jnp.zeros((1, 4, 1))
-  grad = jax.grad(lambda x: AvgPool(3, 1, 1, count_include_pad=False)(x).sum())(x)
+  grad = jax.grad(lambda x: AvgPool((3,), 1, 1, count_include_pad=False)(x).sum())(x)
   expected = [1 / 2 + 1 / 3, 1 / 2 + 1 / 3 + 1 / 3, 1 / 3 + 1 / 3 + 1 / 2, 1 / 3 + 1 / 2]
   np.testing.assert_allclose(grad[0, :, 0], expected, rtol=1e-6)
 
@@ -427,14 +442,14 @@ def test_maxpool_second_order_is_zero_and_forward_mode_works():
         (lambda: AvgPool((3, 3), 1, 2), ValueError, "at most half the effective window"),
         (lambda: AvgPool((2, 2, 2, 2)), ValueError, "1, 2 or 3 entries"),
         (lambda: AvgPool("2"), TypeError, "`window_shape` must be an int or a tuple"),
-        (lambda: AvgPool(2, divisor_override=0), ValueError,
+        (lambda: AvgPool((2,), divisor_override=0), ValueError,
          "`divisor_override` must be a positive"),
-        (lambda: AvgPool(2, count_include_pad=None), TypeError,
+        (lambda: AvgPool((2,), count_include_pad=None), TypeError,
          "`count_include_pad` must be a bool"),
-        (lambda: MaxPool(2, return_indices="yes"), TypeError, "`return_indices` must be a bool"),
-        (lambda: LPPool(0, 2), ValueError, "`norm_type` must be a positive finite number"),
-        (lambda: LPPool(float("inf"), 2), ValueError, "`norm_type` must be a positive finite"),
-        (lambda: MaxPool(2, in_features=0), ValueError, "`in_features` must be a positive int"),
+        (lambda: MaxPool((2,), return_indices="yes"), TypeError, "`return_indices` must be a bool"),
+        (lambda: LPPool(0, (2,)), ValueError, "`norm_type` must be a positive finite number"),
+        (lambda: LPPool(float("inf"), (2,)), ValueError, "`norm_type` must be a positive finite"),
+        (lambda: MaxPool((2,), in_features=0), ValueError, "`in_features` must be a positive int"),
     ],
 )
 def test_pool_bad_arguments_raise(build, error, match):
@@ -475,7 +490,7 @@ def test_pool_in_features_mismatch_names_nchw_and_the_fix():
 def test_pool_checks_survive_python_O():
   code = (
       "from nnx_pool import MaxPool\n"
-      "try:\n    MaxPool(0)\nexcept ValueError as e:\n    print('ValueError:', e)\n"
+      "try:\n    MaxPool((0,))\nexcept ValueError as e:\n    print('ValueError:', e)\n"
   )
   result = subprocess.run(
       [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True

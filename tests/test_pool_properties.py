@@ -77,6 +77,8 @@ class Config:
     return self.padding_mode if self.padding_mode != "explicit" else self.pairs
 
   def module(self, **extra):
+    # An int argument is repeated over num_spatial_dims, so the dims are always stated.
+    extra = {"num_spatial_dims": self.ndim, **extra}
     args = (self.window_arg, self.strides_arg)
     if self.kind == "lp":
       return LPPool(self.norm_type, *args, ceil_mode=self.ceil_mode, **extra)
@@ -404,7 +406,7 @@ _BAD_ARGUMENTS = [
     (MaxPool, (True,), {}, TypeError),
     (MaxPool, (2, 1, "FULL"), {}, ValueError),
     (MaxPool, (2, 1, -1), {}, ValueError),
-    (MaxPool, (3, 1, ((1, 1), (1, 1))), {}, ValueError),
+    (MaxPool, ((3,), 1, ((1, 1), (1, 1))), {}, ValueError),  # 1 dim, 2 pairs
     (MaxPool, (3, 1, ((1, 1, 1),)), {}, TypeError),
     (MaxPool, (3, 1, 1.0), {}, TypeError),
     (MaxPool, (3, 1, 2), {}, ValueError),  # more than half the window

@@ -59,7 +59,7 @@ class Config:
   """One pooling configuration, as our module takes it and as PyTorch takes it."""
 
   spatial: tuple[int, ...]
-  window: object  # as passed to our module: an int (1-D) or a tuple
+  window: object  # as passed to our module: an int (repeated over ndim) or a tuple
   strides: object  # as passed to our module: None, an int or a tuple
   padding: object  # as passed to our module: "VALID", "same", an int, a tuple, pairs
   kernel: tuple[int, ...]  # PyTorch's kernel_size
@@ -388,7 +388,8 @@ def _check_select(kind, ndim, seed, configs):
     ref = _torch_select(cfg, x, g, kind, contiguous=True)
     # The other memory format (channels_last / channels_last_3d strides) must agree too.
     ref_cl = _torch_select(cfg, x, g, kind, contiguous=False)
-    module = cls(cfg.window, cfg.strides, cfg.padding, **cfg.select_kwargs())
+    module = cls(cfg.window, cfg.strides, cfg.padding, num_spatial_dims=cfg.ndim,
+                 **cfg.select_kwargs())
     cases.append((cfg, ref, ref_cl))
     fns.append(_ours_select(module, cfg.grad))
     args.append((_fold(x, cfg.batched), None if g is None else _fold(g, cfg.batched)))
@@ -471,7 +472,8 @@ def test_avgpool_matches_torch(ndim):
     out_shape = _torch_avg(cfg, x, None, True)[0].shape
     g = rng.standard_normal(out_shape).astype(np.float32) if cfg.grad else None
     cases.append((cfg, _torch_avg(cfg, x, g, True), _torch_avg(cfg, x, g, False)))
-    module = AvgPool(cfg.window, cfg.strides, cfg.padding, **cfg.avg_kwargs())
+    module = AvgPool(cfg.window, cfg.strides, cfg.padding, num_spatial_dims=cfg.ndim,
+                     **cfg.avg_kwargs())
     fns.append(_ours_avg(module, cfg.grad))
     args.append((_fold(x, cfg.batched), None if g is None else _fold(g, cfg.batched)))
   results = _jit_all(fns, args)
@@ -510,7 +512,8 @@ def test_lppool_matches_torch(ndim):
         for c in (True, False)
     ]
     cases.append((cfg, refs))
-    fns.append(LPPool(cfg.norm_type, cfg.window, cfg.strides, ceil_mode=cfg.ceil_mode))
+    fns.append(LPPool(cfg.norm_type, cfg.window, cfg.strides, ceil_mode=cfg.ceil_mode,
+                      num_spatial_dims=cfg.ndim))
     args.append((_fold(x, cfg.batched),))
   results = _jit_all(fns, args)
   failures = []
@@ -534,12 +537,12 @@ def test_maxpool_nan_last_in_window_wins_like_torch():
   x = [1.0, np.nan, 3.0, np.nan, 2.0, 5.0]
   # PyTorch 2.13: every window holding a NaN gives NaN, at that NaN's index.
   t_values, t_indices = _torch_max_1d(x, 3, 1, 0)
-  values, indices = MaxPool(3, 1, return_indices=True)(jnp.array(x)[:, None])
+  values, indices = MaxPool((3,), 1, return_indices=True)(jnp.array(x)[:, None])
   np.testing.assert_array_equal(values[:, 0], t_values)
   np.testing.assert_array_equal(indices[:, 0], t_indices)
   # Two NaNs in one window: the later one is reported (val > max || isnan(val)).
   t_values, t_indices = _torch_max_1d(x, 4, 2, 0)
-  values, indices = MaxPool(4, 2, return_indices=True)(jnp.array(x)[:, None])
+  values, indices = MaxPool((4,), 2, return_indices=True)(jnp.array(x)[:, None])
   np.testing.assert_array_equal(indices[:, 0], t_indices)
   assert int(indices[0, 0]) == 3
 
@@ -548,7 +551,7 @@ def test_maxpool_all_neg_inf_window_points_at_first_real_cell_like_torch():
   x = [-np.inf, -np.inf, -np.inf, 1.0]
   # PyTorch 2.13: window [pad, -inf, -inf] gives -inf at index 0, never the padding.
   t_values, t_indices = _torch_max_1d(x, 3, 1, 1, ceil_mode=True)
-  values, indices = MaxPool(3, 1, 1, ceil_mode=True, return_indices=True)(jnp.array(x)[:, None])
+  values, indices = MaxPool((3,), 1, 1, ceil_mode=True, return_indices=True)(jnp.array(x)[:, None])
   np.testing.assert_array_equal(values[:, 0], t_values)
   np.testing.assert_array_equal(indices[:, 0], t_indices)
   assert int(indices[0, 0]) == 0
@@ -583,18 +586,18 @@ def test_maxpool_refuses_window_of_padding_only():
   # window has taps at -1 and 2, both padding: it returns -inf at index 2 (past the input)
   # and its backward then writes out of bounds. Ours refuses the configuration.
   with pytest.raises(ValueError, match="covers only padding"):
-    MaxPool(2, 2, 1, dilation=3)(jnp.zeros((2, 1)))
+    MaxPool((2,), 2, 1, dilation=3)(jnp.zeros((2, 1)))
 
 
 _PAST_INPUT_CASES = {
     # name: (our module, x, PyTorch 2.13 call on (1, 1, L))
-    "avg-k3-s2": (AvgPool(3, 2, ceil_mode=True), [1.0, 2.0],
+    "avg-k3-s2": (AvgPool((3,), 2, ceil_mode=True), [1.0, 2.0],
                   lambda t: F.avg_pool1d(t, 3, 2, 0, ceil_mode=True)),
-    "max-k3-s2": (MaxPool(3, 2, ceil_mode=True), [1.0, 2.0],
+    "max-k3-s2": (MaxPool((3,), 2, ceil_mode=True), [1.0, 2.0],
                   lambda t: F.max_pool1d(t, 3, 2, 0, ceil_mode=True)),
-    "max-k5-d2-p1": (MaxPool(5, 2, 1, dilation=2, ceil_mode=True), [0.0, 1, 2, 3, 4, 5],
+    "max-k5-d2-p1": (MaxPool((5,), 2, 1, dilation=2, ceil_mode=True), [0.0, 1, 2, 3, 4, 5],
                      lambda t: F.max_pool1d(t, 5, 2, 1, 2, ceil_mode=True)),
-    "lp-k3-s2": (LPPool(2, 3, 2, ceil_mode=True), [1.0, 2.0],
+    "lp-k3-s2": (LPPool(2, (3,), 2, ceil_mode=True), [1.0, 2.0],
                  lambda t: F.lp_pool1d(t, 2, 3, 2, ceil_mode=True)),
 }
 

@@ -1,7 +1,8 @@
 """Tests of the NumPy mirror `nnx_pool.reference`.
 
-Two layers: the test vectors of /work/shared/SEMANTICS.md (and a few more
-worked out by hand from the rules), written out next to their inputs; then a
+Two layers: the peers' test vectors (PyTorch 2.13 CPU, lax and Flax, each with its
+source named), and a few more worked out by hand from the rules, written out next to
+their inputs; then a
 seeded parity sweep against PyTorch 2.13 (CPU), which is skipped when torch is
 not installed. Arrays are channels-last; PyTorch is fed NCHW via moveaxis.
 """

@@ -706,6 +706,7 @@ def test_a_window_far_larger_than_the_input_costs_what_the_input_does(window):
   # Ceil mode lets one window overhang the input by less than a stride (the stride
   # is the window): only the taps on real cells matter, however many the window has.
   x = np.array([[[1.0], [4.0], [2.0], [3.0]]], np.float32)
+  window = (window,)
   values, indices = MaxPool(window, ceil_mode=True, return_indices=True)(x)
   np.testing.assert_array_equal(values, [[[4.0]]])  # hand: the max of the one window
   np.testing.assert_array_equal(indices, [[[1]]])
@@ -713,7 +714,7 @@ def test_a_window_far_larger_than_the_input_costs_what_the_input_does(window):
   grad = jax.grad(lambda v: MaxPool(window, ceil_mode=True)(v).sum())(x)
   np.testing.assert_array_equal(grad, [[[0.0], [1.0], [0.0], [0.0]]])
   # PyTorch's LP rule, (mean of x**2 over the real cells * window) ** (1/2), in float64.
-  want = np.sqrt(np.float64(30 / 4) * window)
+  want = np.sqrt(np.float64(30 / 4) * window[0])
   np.testing.assert_allclose(LPPool(2, window, ceil_mode=True)(x)[0, 0, 0], want, rtol=1e-6)
 
 
@@ -756,8 +757,8 @@ def test_gates_refuse_a_use_bias_that_is_not_a_bool(cls, use_bias):
 
 
 @pytest.mark.parametrize("call", [
-    lambda: LPPool(10**400, 2),
-    lambda: AvgPool(2, divisor_override=10**400)(np.ones((1, 4, 1), np.float32)),
+    lambda: LPPool(10**400, (2,)),
+    lambda: AvgPool((2,), divisor_override=10**400)(np.ones((1, 4, 1), np.float32)),
 ], ids=["LPPool-norm_type", "AvgPool-divisor_override"])
 def test_numbers_too_large_for_a_float_are_refused(call):
   with pytest.raises(ValueError) as info:
@@ -835,7 +836,7 @@ def test_integer_inputs_for_max_and_min_are_exact(dtype):
 def _bool_calls():
   b = jnp.zeros((1, 4, 4, 4), bool)
   return {
-      "AvgPool": lambda: AvgPool(2)(b[0]), "MaxPool": lambda: MaxPool((2, 2))(b),
+      "AvgPool": lambda: AvgPool((2,))(b[0]), "MaxPool": lambda: MaxPool((2, 2))(b),
       "MinPool": lambda: MinPool((2, 2))(b), "LPPool": lambda: LPPool(2, (2, 2))(b),
       "MaxUnpool": lambda: MaxUnpool((2, 2))(b, jnp.zeros(b.shape, jnp.int32)),
       "GlobalAvgPool": lambda: GlobalAvgPool()(b), "GlobalMaxPool": lambda: GlobalMaxPool()(b),

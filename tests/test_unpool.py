@@ -22,7 +22,7 @@ def test_maxunpool_seed003_round_trip():
 
 
 def test_maxunpool_default_and_explicit_output_size():
-  unpool = MaxUnpool(3, 2, 1)
+  unpool = MaxUnpool(3, 2, 1, num_spatial_dims=1)
   # PyTorch: (in - 1) * s - 2p + k = (3 - 1) * 2 - 2 + 3 = 5.
   assert unpool.default_output_size((3,)) == (5,)
   x = jnp.ones((1, 3, 1))
@@ -42,10 +42,10 @@ def test_maxunpool_gradient_returns_to_inputs():
   idx = jnp.array([1, 1, 3])[None, :, None]  # inputs 0 and 1 both name cell 1
   cotangent = jnp.array([10.0, 20.0, 30.0, 40.0, 50.0])[None, :, None]
   # Default size (3 - 1) * 2 + 2 = 6; 5 is within one stride.
-  y = MaxUnpool(2)(x, idx, output_size=(5,))
+  y = MaxUnpool((2,))(x, idx, output_size=(5,))
   # The last writer in row-major input order wins the shared cell.
   np.testing.assert_array_equal(y[0, :, 0], [0, 2, 0, 3, 0])
-  grad = jax.grad(lambda x: jnp.sum(MaxUnpool(2)(x, idx, output_size=(5,)) * cotangent))(x)
+  grad = jax.grad(lambda x: jnp.sum(MaxUnpool((2,))(x, idx, output_size=(5,)) * cotangent))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 20, 40])
 
 
@@ -74,8 +74,8 @@ def test_maxunpool_bad_input():
     unpool(x, jnp.zeros((1, 2, 2, 2)))
   with pytest.raises(ValueError, match="NCHW"):
     unpool(jnp.ones((1, 2, 3, 3)), jnp.zeros((1, 2, 3, 3), jnp.int32))
-  with pytest.raises(ValueError, match="`padding` entries must be >= 0"):
-    MaxUnpool(2, padding=-1)
+  with pytest.raises(ValueError, match=r"`padding` must be non-negative; got -1\."):
+    MaxUnpool((2,), padding=-1)
 
 
 @pytest.mark.parametrize(
@@ -94,9 +94,11 @@ def test_maxunpool_matches_torch(window, strides, padding, shape):
   torch = pytest.importorskip(
       "torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
   x = np.random.default_rng(1).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
-  values, indices = MaxPool(window, strides, padding, return_indices=True)(x)
   ndim = len(shape) - 2
-  y = MaxUnpool(window, strides, padding)(values, indices, output_size=shape[1:-1])
+  values, indices = MaxPool(window, strides, padding, num_spatial_dims=ndim,
+                            return_indices=True)(x)
+  y = MaxUnpool(window, strides, padding, num_spatial_dims=ndim)(
+      values, indices, output_size=shape[1:-1])
   unpool = {1: torch.nn.functional.max_unpool1d, 2: torch.nn.functional.max_unpool2d,
             3: torch.nn.functional.max_unpool3d}[ndim]
 
@@ -109,3 +111,51 @@ def test_maxunpool_matches_torch(window, strides, padding, shape):
   )
   # PyTorch 2.13 CPU; tie-free inputs, so no two windows name the same cell.
   np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1))
+
+
+# Every padding form MaxPool takes, copied to MaxUnpool, on a (1, 7, 8, 2) map. The
+# PyTorch call takes the symmetric padding that gives the same range check, ``pad``,
+# and an explicit output_size; PyTorch ignores padding otherwise.
+PADDINGS = [
+    ("int", 1, 1),
+    ("per-dim ints", (1, 0), (1, 0)),
+    ("pairs", ((1, 0), (0, 1)), 0),
+    ("SAME", "SAME", (1, 0)),  # lax SAME for k=3, s=2: 7 -> (1, 1), 8 -> (0, 1)
+    ("VALID", "VALID", 0),
+]
+
+
+@pytest.mark.parametrize("padding, pad", [p[1:] for p in PADDINGS], ids=[p[0] for p in PADDINGS])
+def test_maxunpool_takes_every_maxpool_padding_and_matches_torch(padding, pad):
+  torch = pytest.importorskip(
+      "torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
+  shape = (1, 7, 8, 2)
+  x = np.random.default_rng(3).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
+  values, indices = MaxPool(3, 2, padding, return_indices=True)(x)
+  y = MaxUnpool(3, 2, padding)(values, indices, output_size=shape[1:-1])
+
+  def to_torch(a):
+    return torch.from_numpy(np.moveaxis(np.array(a), -1, 1))
+
+  expected = torch.nn.functional.max_unpool2d(
+      to_torch(values), to_torch(indices).long(), 3, 2, pad, output_size=shape[1:-1])
+  np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1))  # PyTorch 2.13 CPU
+
+
+def test_maxunpool_default_size_for_padding_pairs_and_dilation():
+  # (in - 1) * s - low - high + d * (k - 1) + 1 per dim, PyTorch's formula for p = low = high.
+  unpool = MaxUnpool(3, 2, ((1, 0), (0, 1)), dilation=(1, 2))
+  assert unpool.default_output_size((3, 4)) == ((3 - 1) * 2 - 1 + 3, (4 - 1) * 2 - 1 + 5)
+  assert MaxUnpool(3, 2, 1).default_output_size((3, 4)) == (5, 7)  # PyTorch: 2*2 - 2 + 3
+
+
+def test_maxunpool_same_needs_output_size_and_checks_it():
+  values = jnp.ones((1, 4, 4, 1))
+  indices = jnp.zeros((1, 4, 4, 1), jnp.int32)
+  unpool = MaxUnpool(3, 2, "SAME")
+  with pytest.raises(ValueError, match=r'padding="SAME" needs `output_size`'):
+    unpool(values, indices)
+  assert unpool(values, indices, output_size=(7, 8)).shape == (1, 7, 8, 1)
+  with pytest.raises(ValueError, match=r"it pools to \(5, 5\), not to the input's spatial "
+                                       r"shape \(4, 4\)"):
+    unpool(values, indices, output_size=(9, 9))

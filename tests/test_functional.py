@@ -1,0 +1,276 @@
+"""One int rule for every module, the functional twins, and ``nnx_pool.output_shape``.
+
+Expected values come from the NumPy mirror (``nnx_pool.reference``), from
+PyTorch 2.13 CPU outputs written out below, or from the closed-form output-size
+rule (PyTorch's ``Pool.h``: ``floor((L + 2p - d(k - 1) - 1) / s) + 1``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import nnx_pool
+from nnx_pool import (
+  AdaptiveAvgPool,
+  AdaptiveMaxPool,
+  AvgPool,
+  GlobalAvgPool,
+  GlobalMaxPool,
+  LPPool,
+  MaxPool,
+  MaxUnpool,
+  MinPool,
+  output_shape,
+  reference,
+)
+from nnx_pool import functional as F
+
+RNG = np.random.default_rng(12)
+X2 = RNG.permutation(2 * 7 * 6 * 3).reshape(2, 7, 6, 3).astype(np.float32)
+X1 = RNG.permutation(2 * 9 * 3).reshape(2, 9, 3).astype(np.float32)
+
+# ----------------------------------------------------------------------------
+# The int rule.
+# ----------------------------------------------------------------------------
+
+
+def test_int_arguments_mean_two_spatial_dims_as_pytorch_maxpool2d():
+  # nn.MaxPool2d(3, 2, 1) on NCHW arange(25): PyTorch 2.13 CPU gives these values.
+  x = jnp.arange(25.0).reshape(1, 5, 5, 1)
+  np.testing.assert_array_equal(MaxPool(3, 2, 1)(x)[0, ..., 0],
+                                [[6, 8, 9], [16, 18, 19], [21, 23, 24]])
+  want, _ = reference.max_pool(X2, (3, 3), (2, 2), ((1, 1), (1, 1)))
+  np.testing.assert_array_equal(MaxPool(3, 2, 1)(X2), want)
+
+
+def test_one_dim_is_num_spatial_dims_1_or_a_one_tuple():
+  want, _ = reference.max_pool(X1, (3,), (2,), ((1, 1),))
+  np.testing.assert_array_equal(MaxPool(3, 2, 1, num_spatial_dims=1)(X1), want)
+  np.testing.assert_array_equal(MaxPool((3,), 2, 1)(X1), want)
+  np.testing.assert_array_equal(MaxPool(3, (2,), 1)(X1), want)  # any tuple sets the dims
+
+
+@pytest.mark.parametrize("module", [AvgPool, MaxPool, MinPool, MaxUnpool])
+def test_every_window_module_repeats_an_int_over_num_spatial_dims(module):
+  for ndim in (1, 2, 3):
+    pool = module(2, num_spatial_dims=ndim)
+    assert pool.window.shape == (2,) * ndim
+    assert pool.window.strides == (2,) * ndim
+  assert LPPool(2, 3, num_spatial_dims=3).window.shape == (3, 3, 3)
+  assert AdaptiveAvgPool(3, num_spatial_dims=1).output_size == (3,)
+  assert AdaptiveMaxPool(3).output_size == (3, 3)
+
+
+@pytest.mark.parametrize("module", [AvgPool, MaxPool, MinPool, LPPool, MaxUnpool,
+                                    AdaptiveAvgPool, AdaptiveMaxPool, GlobalAvgPool,
+                                    GlobalMaxPool])
+def test_num_spatial_dims_is_keyword_only_and_defaults_to_two(module):
+  parameter = inspect.signature(module.__init__).parameters["num_spatial_dims"]
+  assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+  assert parameter.default in (None, 2)  # None: a tuple argument may set it, else 2
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: MaxPool((3,), num_spatial_dims=2),
+     "`window_shape` (3,) has 1 entries, but `num_spatial_dims=2` sets 2 spatial dim(s)"),
+    (lambda: AvgPool((3, 3), (2,)),
+     "`strides` (2,) has 1 entries, but `window_shape` (3, 3) sets 2 spatial dim(s)"),
+    (lambda: MinPool(3, padding=((1, 1),), dilation=(1, 1)),
+     "`dilation` (1, 1) has 2 entries, but `padding` ((1, 1),) sets 1 spatial dim(s)"),
+    (lambda: AdaptiveAvgPool((2, 2), num_spatial_dims=3),
+     "`output_size` (2, 2) has 2 entries, but `num_spatial_dims=3` sets 3 spatial dim(s)"),
+    (lambda: MaxUnpool(2, num_spatial_dims=4), "`num_spatial_dims` must be 1, 2 or 3; got 4."),
+])
+def test_arguments_that_disagree_are_a_value_error(build, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    build()
+
+
+def test_a_rank_mismatch_names_the_expected_dims_and_the_fix():
+  with pytest.raises(ValueError) as info:
+    MaxPool(2)(X1[0, :, 0])  # (9,): a 1-D map without its channel axis
+  assert "with 2 spatial dim(s), so rank 4 or 3; got shape (9,)" in str(info.value)
+  with pytest.raises(ValueError) as info:
+    AvgPool(2, num_spatial_dims=3)(X1)  # (N, L, C) to a 3-D pool
+  message = str(info.value)
+  assert "3 spatial dim(s), so rank 5 or 4; got shape (2, 9, 3) (rank 3)" in message
+  assert "For this shape set num_spatial_dims=1 or num_spatial_dims=2" in message
+
+
+# ----------------------------------------------------------------------------
+# Functional twins.
+# ----------------------------------------------------------------------------
+
+TWINS = [
+    ("avg_pool", AvgPool, (3, 2, 1), dict(ceil_mode=True, count_include_pad=False)),
+    ("max_pool", MaxPool, (3, 2, 1), dict(ceil_mode=True, return_indices=True)),
+    ("min_pool", MinPool, (2,), dict(dilation=2, return_indices=True)),
+    ("lp_pool", LPPool, (2, 3, 2), dict(ceil_mode=True)),
+    ("adaptive_avg_pool", AdaptiveAvgPool, ((3, None),), {}),
+    ("adaptive_max_pool", AdaptiveMaxPool, (4,), dict(return_indices=True)),
+    ("global_avg_pool", GlobalAvgPool, (), dict(keepdims=True)),
+    ("global_max_pool", GlobalMaxPool, (), {}),
+]
+
+
+def test_every_pooling_module_has_a_functional_twin_with_its_signature():
+  modules = {"avg_pool": AvgPool, "max_pool": MaxPool, "min_pool": MinPool, "lp_pool": LPPool,
+             "max_unpool": MaxUnpool, "adaptive_avg_pool": AdaptiveAvgPool,
+             "adaptive_max_pool": AdaptiveMaxPool, "global_avg_pool": GlobalAvgPool,
+             "global_max_pool": GlobalMaxPool}
+  assert sorted(F.__all__) == sorted(modules)
+  for name, module in modules.items():
+    ours = dict(inspect.signature(getattr(F, name)).parameters)
+    theirs = dict(inspect.signature(module.__init__).parameters)
+    del theirs["self"]
+    assert list(ours)[0] == "inputs"
+    for arg, parameter in theirs.items():  # the module's names, kinds and defaults
+      assert ours[arg].default == parameter.default, (name, arg)
+      assert ours[arg].kind == parameter.kind, (name, arg)
+
+
+def _mirror(name, x):
+  """The mirror's result for each row of TWINS, on ``x`` (float64)."""
+  if name == "avg_pool":
+    return reference.avg_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), ceil_mode=True,
+                              count_include_pad=False)
+  if name == "max_pool":
+    return reference.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), ceil_mode=True)
+  if name == "min_pool":
+    return reference.min_pool(x, (2, 2), (2, 2), "VALID", dilation=(2, 2))
+  if name == "lp_pool":
+    return reference.lp_pool(x, 2, (3, 3), (2, 2), ceil_mode=True)
+  if name == "adaptive_avg_pool":
+    return reference.adaptive_avg_pool(x, (3, None))
+  if name == "adaptive_max_pool":
+    return reference.adaptive_max_pool(x, (4, 4))
+  if name == "global_avg_pool":
+    return reference.global_avg_pool(x)[:, None, None, :]
+  return reference.global_max_pool(x)
+
+
+@pytest.mark.parametrize("name, module, args, kwargs", TWINS, ids=[t[0] for t in TWINS])
+def test_functional_twin_matches_the_mirror_and_the_module(name, module, args, kwargs):
+  fn = getattr(F, name)
+  got = fn(X2, *args, **kwargs)
+  want = _mirror(name, X2.astype(np.float64))
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6), got,
+               tuple(want) if isinstance(want, tuple) else want)
+  same = module(*args, **kwargs)(X2)
+  jax.tree.map(np.testing.assert_array_equal, same, got)
+
+
+def test_functional_twins_jit_vmap_and_differentiate():
+  x = jnp.asarray(X2)
+
+  def loss(v):
+    return jnp.sum(F.max_pool(v, 3, 2, 1) * 2.0) + jnp.sum(F.avg_pool(v, 2, 1))
+
+  grad = jax.jit(jax.grad(loss))(x)
+  values, _ = reference.max_pool(X2, (3, 3), (2, 2), ((1, 1), (1, 1)))
+  want = reference.max_pool_grad(X2, np.full(values.shape, 2.0), (3, 3), (2, 2),
+                                 ((1, 1), (1, 1)))
+  want = want + _avg_grad_2x2_stride1(X2.shape)
+  np.testing.assert_allclose(grad, want, rtol=1e-6)
+  per_example = jax.vmap(lambda v: F.max_pool(v, 3, 2, 1))(x)  # unbatched (H, W, C) each
+  np.testing.assert_array_equal(per_example, F.max_pool(x, 3, 2, 1))
+
+
+def _avg_grad_2x2_stride1(shape):
+  """d/dx of sum(avg_pool(x, 2, 1)): each cell gets 1/4 per window that holds it."""
+  _, h, w, _ = shape
+  rows = np.minimum(np.minimum(np.arange(h) + 1, h - np.arange(h)), 2)  # windows per row
+  cols = np.minimum(np.minimum(np.arange(w) + 1, w - np.arange(w)), 2)
+  return np.broadcast_to((np.outer(rows, cols) / 4.0)[None, :, :, None], shape)
+
+
+def test_functional_errors_name_the_function():
+  with pytest.raises(ValueError, match=r"^max_pool: `inputs` must be channels-last"):
+    F.max_pool(X1[0, :, 0], 2)
+  with pytest.raises(TypeError, match=r"`return_indices` must be a bool; got 1\."):
+    F.max_pool(X2, 2, return_indices=1)
+  with pytest.raises(ValueError, match=r"^global_avg_pool: `inputs` needs non-empty"):
+    F.global_avg_pool(np.zeros((1, 0, 2, 1), np.float32))
+
+
+def test_a_functional_twin_inside_an_nnx_module():
+  class Stem(nnx.Module):
+    def __init__(self, rngs):
+      self.conv = nnx.Conv(3, 4, (3, 3), rngs=rngs)
+
+    def __call__(self, x):
+      return F.max_pool(nnx.relu(self.conv(x)), 3, 2, 1)
+
+  stem = Stem(nnx.Rngs(0))
+  y = nnx.jit(lambda m, v: m(v))(stem, jnp.asarray(X2))
+  want, _ = reference.max_pool(np.asarray(nnx.relu(stem.conv(X2))), (3, 3), (2, 2),
+                               ((1, 1), (1, 1)))
+  np.testing.assert_array_equal(y, want)
+
+
+# ----------------------------------------------------------------------------
+# output_shape.
+# ----------------------------------------------------------------------------
+
+
+def _torch_size(length, k, s, p, d=1, ceil_mode=False):
+  """PyTorch's pooling_output_shape (aten/src/ATen/native/Pool.h)."""
+  out = (length + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+  if ceil_mode and (out - 1) * s >= length + p:
+    out -= 1
+  return out
+
+
+@pytest.mark.parametrize("length, k, s, p, d, ceil_mode", [
+    (112, 3, 2, 1, 1, False), (7, 2, 2, 0, 1, True), (10, 3, 3, 1, 2, True), (5, 3, 2, 1, 1, True),
+    (9, 4, 1, 2, 1, False),
+])
+def test_output_shape_is_pytorchs_formula(length, k, s, p, d, ceil_mode):
+  want = _torch_size(length, k, s, p, d, ceil_mode)
+  got = output_shape((4, length, length + 1, 3), k, s, p, dilation=d, ceil_mode=ceil_mode)
+  assert got == (4, want, _torch_size(length + 1, k, s, p, d, ceil_mode), 3)
+  pooled = MaxPool(k, s, p, dilation=d, ceil_mode=ceil_mode)(
+      jnp.zeros((4, length, length + 1, 3)))
+  assert pooled.shape == got
+
+
+def test_output_shape_same_unbatched_and_errors():
+  assert output_shape((5, 7, 2), (3, 2), 2, "SAME") == (3, 4, 2)  # ceil(L / s)
+  assert output_shape((9, 3), 2, num_spatial_dims=1) == (4, 3)
+  with pytest.raises(ValueError, match=r"Output size is too small: spatial dim 0 of length 2"):
+    output_shape((1, 2, 2, 1), 3)
+  with pytest.raises(ValueError, match=r"^output_shape: `input_shape` must be channels-last"):
+    output_shape((9,), 2)
+  with pytest.raises(TypeError, match=r"`input_shape` must be a tuple of non-negative ints"):
+    output_shape((2, 4.0, 4, 1), 2)
+  assert nnx_pool.output_shape is output_shape
+
+
+# ----------------------------------------------------------------------------
+# Profiles name the kernels.
+# ----------------------------------------------------------------------------
+
+
+def test_each_kernel_runs_under_a_named_scope():
+  # jax.named_scope puts "nnx_pool.<kernel>" into the op metadata that profilers show.
+  x = jnp.ones((1, 8, 8, 2))
+
+  def loss(v):
+    pooled = F.max_pool(v, 3, 2, 1, return_indices=True)[0]
+    return (jnp.sum(pooled) + jnp.sum(F.avg_pool(v, 2)) + jnp.sum(F.adaptive_avg_pool(v, 3))
+            + jnp.sum(F.adaptive_max_pool(v, 3)) + jnp.sum(F.global_avg_pool(v)))
+
+  hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
+  for name in ("select", "window_sum", "adaptive_avg", "adaptive_max", "spatial_mean"):
+    assert f"nnx_pool.{name}" in hlo, name
+  values, indices = F.max_pool(x, 2, return_indices=True)
+  unpooled = jax.jit(lambda v, i: F.max_unpool(v, i, 2)).lower(values, indices)
+  assert "nnx_pool._unpool" in unpooled.as_text(debug_info=True)
+  returned = jax.jit(lambda v: F.max_pool(v, 2, return_indices=True)).lower(x)
+  assert "nnx_pool.flat_indices" in returned.as_text(debug_info=True)

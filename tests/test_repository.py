@@ -1,0 +1,38 @@
+"""Repository hygiene: no machine path (a home, temp or work directory) in what is shipped."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# An absolute path under a home, temp or scratch directory of some machine.
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:tmp|home|root|work|Users|private/var)/")
+TEXT = {".py", ".md", ".toml", ".txt", ".json", ".cfg", ".ini", ".sh", ".yml", ".yaml", ""}
+
+
+def _tracked() -> list[Path]:
+  try:
+    done = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+  except (OSError, subprocess.CalledProcessError):
+    pytest.skip("not a git checkout: the tracked files are unknown")
+  return [ROOT / name for name in done.stdout.decode().split("\0") if name]
+
+
+def test_no_machine_path_in_tracked_text_files():
+  found = []
+  for path in _tracked():
+    if path.suffix not in TEXT or not path.is_file():
+      continue
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+      if MACHINE_PATH.search(line):
+        found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}")
+  assert not found, "\n".join(found)
+
+
+def test_the_pattern_sees_a_machine_path():
+  slash = "/"  # spelt apart, so that this file does not hold the paths it tests
+  assert MACHINE_PATH.search(f'baseline = "{slash}tmp/base-old"')
+  assert MACHINE_PATH.search(f"see {slash}home/me/notes.md")
+  assert not MACHINE_PATH.search("regression/baseline/manifest.json and ./tmp/x")
