@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import nnx_pool
 from benchmarks.cases import CASES, Case
 
 try:
@@ -81,21 +82,31 @@ def _jax_timer(name: str, fn, x) -> Timer:
   return Timer(name, lambda: jax.block_until_ready(compiled(x)), compile_s)
 
 
+# Where the torch column runs: "cpu" here, "cuda" in benchmarks/device_check.py.
+TORCH_DEVICE = "cpu"
+
+
 def _torch_timers(case: Case, x_np: np.ndarray) -> tuple[Timer, Timer] | None:
   if torch is None or case.torch is None:
     return None
-  fn = case.torch(torch)
+  with torch.device(TORCH_DEVICE):  # a case's own weights are made on the device too
+    fn = case.torch(torch)
   # NHWC memory seen as NCHW: exactly torch's channels_last layout.
-  x = torch.from_numpy(np.array(x_np)).permute(0, case.ndim + 1, *range(1, case.ndim + 1))
+  x = torch.from_numpy(np.array(x_np)).to(TORCH_DEVICE)
+  x = x.permute(0, case.ndim + 1, *range(1, case.ndim + 1))
   x_grad = x.detach().clone().requires_grad_(True)
+  sync = torch.cuda.synchronize if TORCH_DEVICE.startswith("cuda") else (lambda: None)
 
   def forward():
     with torch.no_grad():
-      return fn(x)
+      y = fn(x)
+    sync()
+    return y
 
   def backward():
     x_grad.grad = None
     (fn(x_grad) ** 2).sum().backward()
+    sync()
     return x_grad.grad
 
   return Timer("torch", forward), Timer("torch", backward)
@@ -171,6 +182,7 @@ def environment() -> dict:
       "torch": None if torch is None else torch.__version__,
       "torch_threads": None if torch is None else torch.get_num_threads(),
       "backend": jax.default_backend(),
+      "implementation": nnx_pool.current_implementation(),
       "device": jax.devices()[0].device_kind,
       "cpu_count": os.cpu_count(),
       "machine": platform.machine(),
@@ -220,12 +232,22 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (default 15)")
   parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
   parser.add_argument("--quick", action="store_true", help="tiny shapes, for the smoke test")
+  parser.add_argument("--torch-device", default="cpu", help='where PyTorch runs (default "cpu")')
+  parser.add_argument("--implementation", choices=nnx_pool.IMPLEMENTATIONS, default=None,
+                      help="our window kernels (default: this backend's, nnx_pool._backend)")
   args = parser.parse_args(argv)
   cases = [c for c in CASES if args.k in c.name]
-  if args.quick:
-    cases = [c.tiny() for c in cases]
   if not cases:
     parser.error(f"no case name contains {args.k!r}")
+  global TORCH_DEVICE
+  TORCH_DEVICE = args.torch_device
+  with nnx_pool.use_implementation(args.implementation or nnx_pool.current_implementation()):
+    return _run(args, cases)
+
+
+def _run(args, cases: list[Case]) -> int:
+  if args.quick:
+    cases = [c.tiny() for c in cases]
   bandwidth = copy_bandwidth(4 * 2**20 if args.quick else 256 * 2**20)
   env = environment()
   rows = []

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
   from nnx_pool._adaptive import GlobalAvgPool as GlobalAvgPool
   from nnx_pool._adaptive import GlobalMaxPool as GlobalMaxPool
   from nnx_pool._adaptive import SelectAdaptivePool as SelectAdaptivePool
+  from nnx_pool._backend import IMPLEMENTATION_DEFAULTS as IMPLEMENTATION_DEFAULTS
+  from nnx_pool._backend import IMPLEMENTATIONS as IMPLEMENTATIONS
+  from nnx_pool._backend import current_implementation as current_implementation
+  from nnx_pool._backend import use_implementation as use_implementation
   from nnx_pool._gates import CBAM as CBAM
   from nnx_pool._gates import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
   from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
@@ -37,6 +41,10 @@ __version__ = "0.1.0"
 
 # Each public name and the private module that defines it.
 _WHERE = {
+    "IMPLEMENTATION_DEFAULTS": "_backend",
+    "IMPLEMENTATIONS": "_backend",
+    "current_implementation": "_backend",
+    "use_implementation": "_backend",
     "AdaptiveAvgPool": "_adaptive",
     "AdaptiveMaxPool": "_adaptive",
     "GlobalAvgPool": "_adaptive",

@@ -410,12 +410,25 @@ def _separable_sum(x: jax.Array, geom: Geometry) -> jax.Array:
   return x
 
 
-@kernel(static_argnums=1)
-def window_sum(x: jax.Array, geom: Geometry) -> jax.Array:
+def _reduce_window(x: jax.Array, geom: Geometry, init, op) -> jax.Array:
+  """XLA's ``reduce_window`` over the same windows (the ``"xla"`` implementation)."""
+  one = (1,)
+  return lax.reduce_window(
+      x, np.asarray(init, x.dtype), op, one + geom.window + one,
+      one + tuple(d.stride for d in geom.dims) + one, ((0, 0), *geom.pads, (0, 0)),
+      window_dilation=one + tuple(d.dilation for d in geom.dims) + one)
+
+
+@kernel(static_argnums=(1, 2))
+def window_sum(x: jax.Array, geom: Geometry, implementation: str = "taps") -> jax.Array:
   """Sum of every window (zero padding), shape ``(N, *geom.out_shape, C)``.
 
   Windows over :data:`UNROLL_LIMIT` taps are summed one spatial dim at a time.
+  ``implementation="xla"`` sums with XLA's ``reduce_window`` instead (see
+  :mod:`nnx_pool._backend`).
   """
+  if implementation == "xla":
+    return _reduce_window(x, geom, 0, lax.add)
   if geom.size > UNROLL_LIMIT:
     return _separable_sum(x, geom)
   return _window_sum(x, geom)
@@ -546,10 +559,11 @@ def _separable_select(
   return x, payload
 
 
-@kernel(static_argnums=(1, 2, 3))
+@kernel(static_argnums=(1, 2, 3, 4))
 def select(
-    x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool = True
-) -> tuple[jax.Array, jax.Array]:
+    x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool = True,
+    implementation: str = "taps",
+) -> tuple[jax.Array, jax.Array | None]:
   """Max (min) of every window and the row-major window offset it came from.
 
   For floats, differentiable in ``x`` in forward and reverse mode, to any
@@ -559,6 +573,11 @@ def select(
   drops the offsets (they are still returned): only how the taps are spelt
   for XLA changes, never a result.
   """
+  if implementation == "xla" and not with_offsets and all(d.dilation == 1 for d in geom.dims):
+    # XLA's own max (min), differentiated by JAX: no window offsets (None). JAX has no
+    # gradient for a dilated one, which therefore stays on the taps.
+    return _reduce_window(x, geom, identity(x.dtype, kind),
+                          lax.max if kind == "max" else lax.min), None
   floating = jnp.issubdtype(x.dtype, jnp.floating)
   if geom.size > UNROLL_LIMIT:
     return _separable_select(x, geom, kind, differentiable=floating)

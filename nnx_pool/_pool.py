@@ -29,6 +29,7 @@ from jax import lax
 
 from nnx_pool import _kernels
 from nnx_pool._args import check_bool, check_number, check_positive_int
+from nnx_pool._backend import current_implementation
 from nnx_pool._geometry import MAX_SIZE, PaddingLike, Window
 from nnx_pool._layout import check_in_features, check_plane_indexable, prepare
 
@@ -54,7 +55,8 @@ def _check_divisor_override(value) -> int | None:
 def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name):
   x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
   geom = window.resolve(x.shape[1:-1])
-  total = _kernels.window_sum(x.astype(_kernels.accumulation_dtype(x.dtype)), geom)
+  total = _kernels.window_sum(x.astype(_kernels.accumulation_dtype(x.dtype)), geom,
+                              current_implementation())
   if divisor_override is not None:
     divisor = np.asarray(divisor_override)
   else:
@@ -70,7 +72,7 @@ def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, i
     check_plane_indexable(
         x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
   geom = window.resolve(x.shape[1:-1])
-  values, arg = _kernels.select(x, geom, kind, return_indices)
+  values, arg = _kernels.select(x, geom, kind, return_indices, current_implementation())
   out = (values, _kernels.flat_indices(arg, geom)) if return_indices else values
   return out if batched else jax.tree.map(lambda a: a[0], out)
 
@@ -83,7 +85,7 @@ def _lp(inputs, window: Window, norm_type: float, in_features, name):
   powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
   # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
   cells = _spatial(geom.divisor(count_include_pad=True))
-  mean = _kernels.true_divide(_kernels.window_sum(powered, geom), cells)
+  mean = _kernels.true_divide(_kernels.window_sum(powered, geom, current_implementation()), cells)
   y = jnp.power(mean * float(window.size), 1.0 / p).astype(x.dtype)
   return y if batched else y[0]
 

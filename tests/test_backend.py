@@ -1,0 +1,119 @@
+"""The per-backend kernel table: both implementations agree on CPU, and the device check runs.
+
+The "xla" implementation (XLA's reduce_window, differentiated by JAX) is checked
+against "taps" (the tested kernels) and against the NumPy mirror; where the
+docs say they may differ (a NaN's gradient), the test says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import nnx_pool
+from nnx_pool import AvgPool, LPPool, MaxPool, MinPool, reference, use_implementation
+
+ROOT = Path(__file__).resolve().parents[1]
+RNG = np.random.default_rng(5)
+X = RNG.permutation(2 * 9 * 8 * 3).reshape(2, 9, 8, 3).astype(np.float32) / 8.0
+
+MODULES = {
+    "avg_k3s2p1_ceil_nopad": AvgPool(3, 2, 1, ceil_mode=True, count_include_pad=False),
+    "avg_k2_same": AvgPool(2, 1, "SAME"),
+    "avg_1d": AvgPool(2, num_spatial_dims=1),
+    "max_k3s2p1": MaxPool(3, 2, 1),
+    "max_k2s1_dil2_pairs": MaxPool(2, 1, ((1, 0), (0, 1)), dilation=2),
+    "max_k3_ceil": MaxPool(3, 2, ceil_mode=True),
+    "min_k2": MinPool(2),
+    "lp2_k3s2": LPPool(2, 3, 2),
+}
+
+
+def _run(module, x, implementation):
+  with use_implementation(implementation):
+    y = jax.jit(module)(x)
+    g = jax.jit(jax.grad(lambda a: jnp.sum(module(a) ** 2)))(x)
+  return np.asarray(y), np.asarray(g)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_xla_and_taps_agree_on_cpu(name):
+  module = MODULES[name]
+  x = np.abs(X) + 0.5 if name.startswith("lp") else X - X.mean()
+  x = x.reshape(2, 9 * 8, 3) if name == "avg_1d" else x
+  y_taps, g_taps = _run(module, x, "taps")
+  y_xla, g_xla = _run(module, x, "xla")
+  if name.startswith(("max", "min")):  # tie-free input: one winner per window
+    np.testing.assert_array_equal(y_xla, y_taps)
+    np.testing.assert_array_equal(g_xla, g_taps)
+  else:
+    np.testing.assert_allclose(y_xla, y_taps, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(g_xla, g_taps, rtol=1e-5, atol=1e-5)
+
+
+def test_xla_max_matches_the_mirror_and_first_max_on_ties():
+  # Seed 003's grid (every window tie-free) and an all-equal plane (ties): the mirror's
+  # values, and the gradient on the first maximum in row-major order for both.
+  grid = np.array([[1, 2, 5, 6], [3, 4, 8, 7], [0, -1, -3, -2], [-4, 9, -6, -5]], np.float32)
+  x = grid[None, :, :, None]
+  want, _ = reference.max_pool(x, (2, 2), (2, 2), "VALID")
+  y, _ = _run(MaxPool(2), x, "xla")
+  np.testing.assert_array_equal(y, want)
+  ties = np.ones((1, 2, 2, 1), np.float32)
+  for implementation in ("taps", "xla"):
+    _, g = _run(MaxPool(2), ties, implementation)
+    np.testing.assert_array_equal(g[0, ..., 0], [[2, 0], [0, 0]])  # d(y**2) = 2y, first cell
+
+
+def test_xla_nan_values_agree_and_return_indices_stays_on_taps():
+  x = np.array([1.0, np.nan, 3.0, np.nan])[None, :, None].astype(np.float32)
+  pool = MaxPool((4,), return_indices=True)
+  with use_implementation("xla"):
+    values, indices = pool(x)
+    plain = MaxPool((4,))(x)
+  assert np.isnan(plain[0, 0, 0]) and np.isnan(values[0, 0, 0])
+  assert int(indices[0, 0, 0]) == 3  # PyTorch's last NaN: indices always come from "taps"
+
+
+def test_the_table_and_the_override():
+  assert set(nnx_pool.IMPLEMENTATION_DEFAULTS) >= {"cpu", "gpu", "tpu"}
+  assert nnx_pool.current_implementation() == nnx_pool.IMPLEMENTATION_DEFAULTS["cpu"] == "taps"
+  with use_implementation("xla"):
+    assert nnx_pool.current_implementation() == "xla"
+    with use_implementation("taps"):
+      assert nnx_pool.current_implementation() == "taps"
+    jaxpr = str(jax.make_jaxpr(MaxPool(2))(X))
+  assert "reduce_window_max" in jaxpr
+  assert "reduce_window" not in str(jax.make_jaxpr(MaxPool(2))(X))
+  with pytest.raises(ValueError, match=r"`implementation` must be one of \('taps', 'xla'\); "
+                                       r"got 'cuda'\."):
+    with use_implementation("cuda"):
+      pass
+
+
+@pytest.mark.slow
+def test_device_check_dry_run_writes_parity_and_benchmarks(tmp_path):
+  pytest.importorskip("torch", reason="the device check needs torch==2.13.0 (the parity extra)")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "OUT": str(tmp_path), "PYTHON": sys.executable}
+  done = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_check.sh"), "--dry-run"],
+                        capture_output=True, text=True, env=env, timeout=600, check=False)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  report = json.loads((tmp_path / "device_check.json").read_text())
+  assert report["torch_device"] == "cpu"
+  modules = {row["module"] for row in report["parity"]}
+  assert modules >= {"AvgPool", "MaxPool", "MinPool", "LPPool", "MaxUnpool", "GlobalAvgPool",
+                     "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool"}
+  assert all(row["pass"] for row in report["parity"]), report["parity"]
+  assert {row["implementation"] for row in report["parity"]} == {"taps", "xla"}
+  for implementation, name in report["benchmarks"].items():
+    rows = json.loads((tmp_path / name).read_text())["rows"]
+    assert rows and all("ratio_to_best_peer" in row["forward"] for row in rows), implementation
+  assert "parity: 22 of 22 pass" in done.stdout
