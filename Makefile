@@ -17,7 +17,9 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	# setuptools >= 77 reads the SPDX license string; tests/test_install.py builds the
+	# wheel with this venv's own setuptools (no build isolation), and a fresh venv has 65.
+	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
