@@ -71,6 +71,7 @@ from nnx_pool._layout import (
   check_nonempty_spatial,
   check_plane_indexable,
   prepare,
+  unbatch,
 )
 
 _POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")
@@ -278,16 +279,12 @@ def _prepare(inputs, ndim: int, kind: DtypeKind, in_features, name: str, *, inde
   return x, batched
 
 
-def _unbatch(out, batched: bool):
-  return out if batched else jax.tree.map(lambda a: a[0], out)
-
-
 def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_features, name):
   x, batched = _prepare(inputs, num_spatial_dims, kind, in_features, name,
                         indexed=kind == "ordered")
   y = spatial_mean(x) if kind == "float" else adaptive_max(x, (1,) * num_spatial_dims)
   y = y if keepdims else y.reshape(y.shape[0], y.shape[-1])
-  return _unbatch(y, batched)
+  return unbatch(y, batched)
 
 
 def global_avg_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False,
@@ -319,7 +316,7 @@ def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, 
     y = 0.5 * (adaptive_avg(x, out_shape) + adaptive_max(x, out_shape))
   else:
     y = jnp.concatenate([adaptive_avg(x, out_shape), adaptive_max(x, out_shape)], axis=-1)
-  return _unbatch(y, batched)
+  return unbatch(y, batched)
 
 
 def adaptive_avg_pool(inputs, output_size, *, num_spatial_dims: int | None = None,

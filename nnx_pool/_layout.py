@@ -139,3 +139,8 @@ def prepare(
   batched = check_rank(x, num_spatial, module)
   check_features(x, in_features, batched, module)
   return (x if batched else x[None]), batched
+
+
+def unbatch(out, batched: bool):
+  """Drops the batch axis that :func:`prepare` added, from an array or a tuple of them."""
+  return out if batched else jax.tree.map(lambda a: a[0], out)

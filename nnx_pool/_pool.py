@@ -31,7 +31,7 @@ from nnx_pool import _kernels
 from nnx_pool._args import check_bool, check_number, check_positive_int
 from nnx_pool._backend import current_implementation
 from nnx_pool._geometry import MAX_SIZE, PaddingLike, Window
-from nnx_pool._layout import check_in_features, check_plane_indexable, prepare
+from nnx_pool._layout import check_in_features, check_plane_indexable, prepare, unbatch
 
 
 def _spatial(divisor: np.ndarray) -> np.ndarray:
@@ -74,7 +74,7 @@ def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, i
   geom = window.resolve(x.shape[1:-1])
   values, arg = _kernels.select(x, geom, kind, return_indices, current_implementation())
   out = (values, _kernels.flat_indices(arg, geom)) if return_indices else values
-  return out if batched else jax.tree.map(lambda a: a[0], out)
+  return unbatch(out, batched)
 
 
 def _lp(inputs, window: Window, norm_type: float, in_features, name):
