@@ -13,8 +13,11 @@ its taps". Written naively (the transpose of a strided slice is a pad with
 interior zeros) XLA materialises one input-sized array per tap. Instead
 :func:`_scatter` splits the input into stride phases: the cells ``p`` with
 ``p % s == r`` receive from exactly the taps ``j`` with ``j * d % s == r``, each
-through a *unit-stride* shift of the cotangent. Every phase is one fused loop,
-and the phases interleave back by a stack and a reshape.
+through a *unit-stride* shift of the cotangent. Each phase is placed on its
+cells by a pad with interior ``stride - 1``, and the disjoint placements are
+added in one fused loop over the input (windows that tile the input stack and
+reshape instead); pads partition with halo exchanges, so a spatially sharded
+input keeps its sharding in the gradient.
 
 Both reductions carry a ``jax.custom_jvp`` whose tangent map is the linear
 transpose of :func:`_scatter`; reverse mode transposes it back, so ``jax.grad``
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Iterator
 from typing import Literal
 
@@ -63,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from nnx_pool._geometry import DimGeometry, Geometry
 
@@ -73,19 +78,71 @@ UNROLL_LIMIT = 64
 
 
 def kernel(*, static_argnums: int | tuple[int, ...] = ()):
-  """``jax.jit`` with static geometry arguments, the body under a ``nnx_pool.<name>`` scope."""
+  """``jax.jit`` with static geometry arguments, the body under a ``nnx_pool.<name>`` scope.
+
+  Every kernel takes a batched ``(N, *spatial, C)`` array first and returns
+  arrays laid out the same way; see :func:`_on_auto_axes` for inputs split
+  over ``Explicit`` mesh axes along a spatial dim.
+  """
+  static = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
 
   def wrap(fn):
     scope = f"nnx_pool.{fn.__name__}"
 
     @functools.wraps(fn)
     def scoped(*args):
+      dynamic = [i for i in range(len(args)) if i not in static]
+
+      def body(*arrays):
+        full = list(args)
+        for i, a in zip(dynamic, arrays, strict=True):
+          full[i] = a
+        return fn(*full)
+
       with jax.named_scope(scope):
-        return fn(*args)
+        return _on_auto_axes(body, tuple(args[i] for i in dynamic))
 
     return jax.jit(scoped, static_argnums=static_argnums)
 
   return wrap
+
+
+def _explicit_spatial_spec(x) -> PartitionSpec | None:
+  """``x``'s partition spec when ``Explicit`` mesh axes split one of its spatial dims."""
+  typeof = getattr(jax, "typeof", None)
+  if typeof is None or not hasattr(jax.sharding, "auto_axes"):  # jax < 0.6
+    return None
+  spec = getattr(getattr(typeof(x), "sharding", None), "spec", None)
+  if spec is None or not any(spec[1:x.ndim - 1]):
+    return None
+  return PartitionSpec(*spec, *([None] * (x.ndim - len(spec))))
+
+
+def _on_auto_axes(body, arrays: tuple):
+  """``body(*arrays)``; on ``Auto`` axes if ``Explicit`` ones split the first array's map.
+
+  Explicit sharding types have no rule for a pad, strided slice or reshape of
+  a dim split over devices (``ShardingTypeError``), so the kernel runs under
+  ``jax.sharding.auto_axes``, where the compiler partitions it (halo exchanges
+  for the windows), and each output keeps the input's spec on every dim that
+  the mesh axes still divide (a dim pooled to 1 cell is replicated).
+  """
+  spec = _explicit_spatial_spec(arrays[0])
+  if spec is None:
+    return body(*arrays)
+  mesh = jax.typeof(arrays[0]).sharding.mesh
+
+  def out_spec(out) -> PartitionSpec:
+    entries = []
+    for size, entry in zip(out.shape, spec, strict=True):
+      axes = entry if isinstance(entry, tuple) else (entry,) if entry else ()
+      shards = math.prod(mesh.shape[a] for a in axes)
+      entries.append(entry if axes and size % shards == 0 else None)
+    return PartitionSpec(*entries)
+
+  shapes = jax.eval_shape(body, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays))
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.sharding.auto_axes(body, out_sharding=jax.tree.map(out_spec, shapes))(*arrays)
 
 
 def accumulation_dtype(dtype) -> jnp.dtype:
@@ -339,21 +396,37 @@ def _scatter(ct: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax
       total = term if total is None else total + term
     return jnp.zeros(block_shape, ct.dtype) if total is None else total
 
-  def interleave(prefix: tuple[int, ...]) -> jax.Array:
-    axis = len(prefix)
-    if axis == len(geom.dims):
-      return phase_block(prefix)
-    stride = geom.dims[axis].stride
-    if stride == 1:
-      return interleave((*prefix, 0))
-    stacked = jnp.stack([interleave((*prefix, r)) for r in range(stride)], axis=axis + 2)
-    shape = stacked.shape
-    return stacked.reshape(*shape[:axis + 1], shape[axis + 1] * stride, *shape[axis + 3:])
+  if _is_tiling(geom):
+    # Every cell is in at most one window: stacking the phases and merging the
+    # phase axis into the spatial one is a relabelling, which keeps a spatial
+    # sharding whose shards hold whole windows without any collective.
+    def interleave(prefix: tuple[int, ...]) -> jax.Array:
+      axis = len(prefix)
+      if axis == len(geom.dims):
+        return phase_block(prefix)
+      stride = geom.dims[axis].stride
+      stacked = jnp.stack([interleave((*prefix, r)) for r in range(stride)], axis=axis + 2)
+      shape = stacked.shape
+      return stacked.reshape(*shape[:axis + 1], shape[axis + 1] * stride, *shape[axis + 3:])
 
-  full = interleave(())
-  start = (0, *(d.pad_low for d in geom.dims), 0)
-  limit = (n, *(d.pad_low + d.length for d in geom.dims), c)
-  return lax.slice(full, start, limit)
+    full = interleave(())
+    limit = (n, *(d.length for d in geom.dims), c)
+    return lax.slice(full, (0,) * full.ndim, limit)
+  # Overlapping or shifted windows: each phase is placed on its cells by a pad
+  # with interior ``stride - 1`` (cropping the padding), and the disjoint
+  # placements are added. A pad is partitioned with halo exchanges, so this
+  # keeps a spatial sharding, where a stack and reshape across phase blocks whose
+  # length the shards do not divide all-gathers the map.
+  total = None
+  for rs in itertools.product(*(range(d.stride) for d in geom.dims)):
+    config = [(0, 0, 0)]
+    for r, d, (q, _) in zip(rs, geom.dims, phases, strict=True):
+      low = r - d.pad_low  # phase cell b lies at padded position b * s + r
+      config.append((low, d.length - low - (q - 1) * d.stride - 1, d.stride - 1))
+    config.append((0, 0, 0))
+    placed = lax.pad(phase_block(rs), zero, config)
+    total = placed if total is None else total + placed
+  return total
 
 
 def _gather(t: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax.Array:

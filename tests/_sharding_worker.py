@@ -17,6 +17,10 @@ with ``Auto`` axes:
 * whether the output and the input gradient keep the input's sharding;
 * which collectives the compiled forward and backward programs contain.
 
+Every window pool (``WINDOW_SPATIAL``) also runs on both axis types with H split
+over the second axis of a (data=2, space=4) mesh: its output, gradient, their
+partition specs and the compiled programs' collectives.
+
 Then a data-parallel training step of a small CNN (nnx.Conv, MaxPool,
 SqueezeExcitation, GlobalAvgPool, nnx.Linear) with optax, against the same
 step on one device.
@@ -102,6 +106,24 @@ SPATIAL = (
     "GlobalAvgPool", "GlobalMaxPool", "SelectAdaptivePool", "SqueezeExcitation",
     "EffectiveSqueezeExcitation", "EfficientChannelAttention",
 )
+# Window pools with H split over the second mesh axis (2 x 4), on both axis types:
+# name -> (factory, kind, spatial dims). Every output length here is a multiple of
+# 4, so the output can keep the input's (data, space) sharding.
+WINDOW_SPATIAL = {
+    "AvgPool 3x3/1 p1": (lambda: nnx_pool.AvgPool(3, 1, 1), "close", 2),
+    "AvgPool 2x2/2": (lambda: nnx_pool.AvgPool(2), "close", 2),
+    "AvgPool 3x3/2 p1": (lambda: nnx_pool.AvgPool(3, 2, 1, count_include_pad=False), "close", 2),
+    "MaxPool 3x3/2 p1": (lambda: nnx_pool.MaxPool(3, 2, 1, return_indices=True), "exact", 2),
+    "MaxPool 2x2/2": (lambda: nnx_pool.MaxPool(2), "exact", 2),
+    "MaxPool 2x2 dilation 2 p1": (lambda: nnx_pool.MaxPool(2, 1, 1, dilation=2), "exact", 2),
+    "MinPool 3x3/1 p1": (lambda: nnx_pool.MinPool(3, 1, 1), "exact", 2),
+    "LPPool 2x2/2": (lambda: nnx_pool.LPPool(2, 2), "close", 2),
+    "AvgPool 3x3x3/2 p1": (lambda: nnx_pool.AvgPool(3, 2, 1, num_spatial_dims=3), "close", 3),
+    "MaxPool 3x3x3/2 p1": (lambda: nnx_pool.MaxPool(3, 2, 1, num_spatial_dims=3), "exact", 3),
+    "AdaptiveAvgPool 16->4": (lambda: nnx_pool.AdaptiveAvgPool(4), "close", 2),
+    "AdaptiveMaxPool 16->4": (lambda: nnx_pool.AdaptiveMaxPool(4), "exact", 2),
+}
+WINDOW_MAP = {2: (2, 16, 16, 4), 3: (2, 8, 8, 8, 4)}
 # On an Auto mesh (the compiler propagates shardings, as with a hand-built Mesh):
 # the modules that fail on an Explicit mesh today, and one of each family.
 AUTO = ("AvgPool", "MaxPool", "MaxUnpool", "AdaptiveMaxPool", "SqueezeExcitation", "CBAM")
@@ -249,6 +271,37 @@ def run_case(name: str, mesh, spec: P, axis_type: str) -> dict:
   return result
 
 
+def run_window_case(name: str, mesh, axis_type: str) -> dict:
+  """A window pool on an input whose H is split over ``space``: values, gradient, shardings."""
+  factory, kind, ndim = WINDOW_SPATIAL[name]
+  exact = kind == "exact"
+  x = _input(WINDOW_MAP[ndim], seed=len(name))
+  spec = P("data", "space", *([None] * ndim))
+  result = {"case": name, "axis_type": axis_type, "spec": str(spec), "kind": kind}
+  start = time.perf_counter()
+  try:
+    module = factory()
+    ref_out = _forward_jit(module, x)
+    ct = _cotangent(_first(ref_out).shape)
+    ref_out2, ref_grads = _grads_jit(module, x, (), ct)
+    in_sharding = NamedSharding(mesh, spec)
+    xs, cts = jax.device_put(x, in_sharding), jax.device_put(ct, in_sharding)
+    out = _forward_jit(module, xs)
+    result["output"] = _compare(out, ref_out, exact, RTOL)
+    result["output_specs"] = [str(o.sharding.spec) for o in jax.tree.leaves(out)]
+    result["forward_collectives"] = _count(_hlo(_forward_jit, module, xs))
+    out2, grads = _grads_jit(module, xs, (), cts)
+    result["output_in_grad_program"] = _compare(out2, ref_out2, exact, RTOL)
+    result["grad_input"] = _compare(grads[1], ref_grads[1], exact, RTOL)
+    result["grad_input_spec"] = str(grads[1].sharding.spec)
+    result["grad_collectives"] = _count(_hlo(_grads_jit, module, xs, (), cts))
+  except Exception as e:  # noqa: BLE001 - reported to the test, which fails with it
+    result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    result["traceback"] = traceback.format_exc(limit=-6)
+  result["seconds"] = time.perf_counter() - start
+  return result
+
+
 # ---------------------------------------------------------------- training
 
 
@@ -331,7 +384,7 @@ def run_training(mesh, axis_type: str, steps: int = 3) -> dict:
 def main() -> None:
   start = time.perf_counter()
   report = {"devices": jax.device_count(), "platform": jax.devices()[0].platform,
-            "public": sorted(nnx_pool.__all__), "cases": [], "training": []}
+            "public": sorted(nnx_pool.__all__), "cases": [], "windows": [], "training": []}
   devices = jax.devices()[:DEVICES]
   for axis_type in ("Explicit", "Auto"):
     kind = getattr(AxisType, axis_type)
@@ -343,6 +396,8 @@ def main() -> None:
       report["cases"].append(run_case(name, data, P("data"), axis_type))
     for name in SPATIAL if explicit else AUTO_SPATIAL:
       report["cases"].append(run_case(name, grid, P("data", "space"), axis_type))
+    for name in WINDOW_SPATIAL:
+      report["windows"].append(run_window_case(name, grid, axis_type))
     report["training"].append(run_training(data, axis_type))
   report["seconds"] = time.perf_counter() - start
   report["import_seconds"] = start - _IMPORTED

@@ -18,6 +18,10 @@ axis (2 x 4):
 * the output keeps the batch sharding;
 * the compiled programs hold no all-gather; a data-parallel forward pass holds
   no collective at all, except CBAM's BatchNorm statistics (an all-reduce);
+* every window pool (average, max, min, LP, 3-D, adaptive) with H split over
+  ``space`` gives the single-device output and gradient, keeps the (data,
+  space) sharding in both, and compiles with halo exchanges
+  (collective-permute) as its only collectives;
 * a data-parallel training step of a small CNN with optax gives the losses and
   parameters of the single-device step.
 """
@@ -65,6 +69,13 @@ SPATIAL = (
 # On the Auto mesh too: MaxUnpool (once Explicit-only broken) and one of each family.
 AUTO = ("AvgPool", "MaxPool", "MaxUnpool", "AdaptiveMaxPool", "SqueezeExcitation", "CBAM")
 AUTO_SPATIAL = ("GlobalMaxPool", "SelectAdaptivePool", "SqueezeExcitation")
+# Every window pool with H split over `space` (2 x 4 mesh), on both axis types; the
+# names of tests/_sharding_worker.py's WINDOW_SPATIAL.
+WINDOW_SPATIAL = (
+    "AvgPool 3x3/1 p1", "AvgPool 2x2/2", "AvgPool 3x3/2 p1", "MaxPool 3x3/2 p1", "MaxPool 2x2/2",
+    "MaxPool 2x2 dilation 2 p1", "MinPool 3x3/1 p1", "LPPool 2x2/2", "AvgPool 3x3x3/2 p1",
+    "MaxPool 3x3x3/2 p1", "AdaptiveAvgPool 16->4", "AdaptiveMaxPool 16->4",
+)
 GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention")
 BATCH_COUPLED = ("CBAM",)  # BatchNorm in training mode: batch statistics are an all-reduce
 DATA, GRID = "P('data',)", "P('data', 'space')"
@@ -126,6 +137,11 @@ def test_sharding_worker_ran_every_case(report):
   assert ran == expected
 
 
+def test_sharding_worker_ran_every_window_case(report):
+  ran = [(c["case"], c["axis_type"]) for c in report["windows"]]
+  assert ran == [(n, t) for t in AXIS_TYPES for n in WINDOW_SPATIAL]
+
+
 def test_sharding_covers_every_public_module(report):
   # Every nnx.Module that nnx_pool exports has a data-parallel case.
   assert report["public"] == sorted(nnx_pool.__all__)
@@ -176,6 +192,45 @@ def test_sharding_spatial_matches_single_device(report, name, axis_type):
     assert record["output_keeps_input"], record["output_sharding"]
   assert record["forward_collectives"]["all-gather"] == 0
   assert record["grad_collectives"]["all-gather"] == 0
+
+
+def _window(report, name, axis_type) -> dict:
+  (found,) = [c for c in report["windows"] if (c["case"], c["axis_type"]) == (name, axis_type)]
+  assert "error" not in found, f"{found['error']}\n{found.get('traceback', '')}"
+  return found
+
+
+_WINDOWS = [pytest.param(n, t, id=f"{n}-{t}") for t in AXIS_TYPES for n in WINDOW_SPATIAL]
+
+
+@pytest.mark.parametrize(("name", "axis_type"), _WINDOWS)
+def test_sharding_window_pool_split_over_space_matches_single_device(report, name, axis_type):
+  record = _window(report, name, axis_type)
+  for key in ("output", "output_in_grad_program", "grad_input"):
+    assert record[key]["equal"], (key, record[key])
+  if record["kind"] == "exact":
+    assert record["output"]["max_abs"] == 0.0 and record["grad_input"]["max_abs"] == 0.0
+
+
+@pytest.mark.parametrize(("name", "axis_type"), _WINDOWS)
+def test_sharding_window_pool_keeps_the_spatial_sharding(report, name, axis_type):
+  record = _window(report, name, axis_type)
+  # The output (and indices) and the input gradient stay split over (data, space).
+  spec = record["spec"]
+  assert record["output_specs"] == [spec] * len(record["output_specs"])
+  assert record["grad_input_spec"] == spec
+
+
+@pytest.mark.parametrize(("name", "axis_type"), _WINDOWS)
+def test_sharding_window_pool_exchanges_only_halos(report, name, axis_type):
+  record = _window(report, name, axis_type)
+  # Nothing is gathered, reduced or transposed: at most neighbour halo exchanges
+  # (collective-permute). A 2x2/2 window (and adaptive 16 -> 4) needs none.
+  for program in ("forward_collectives", "grad_collectives"):
+    others = {k: v for k, v in record[program].items() if v and k != "collective-permute"}
+    assert others == {}, (program, record[program])
+  halo_free = name.endswith(("2x2/2", "16->4"))
+  assert (record["grad_collectives"]["collective-permute"] == 0) == halo_free
 
 
 @pytest.mark.parametrize("axis_type", AXIS_TYPES)
