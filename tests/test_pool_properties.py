@@ -239,6 +239,22 @@ def _apply(module, cfg: Config, x: np.ndarray):
   return jax.tree.map(lambda a: a[None], out)
 
 
+def _jit_apply(module, cfg: Config, x: np.ndarray):
+  """:func:`_apply` under one ``jax.jit``: one compiled program per example.
+
+  Every example has its own geometry, so each compiles anew; called eagerly, a module
+  also compiles its small layout steps (the batch axis, the index flattening) one by
+  one, which cost more than the kernel. Eager calls equal jitted ones
+  (test_pool.py::test_pool_eager_equals_jit), and the other test files call eagerly.
+  """
+  return jax.jit(lambda v: _apply(module, cfg, v))(x)
+
+
+def _cotangent(cfg: Config, shape) -> np.ndarray:
+  """Multiples of 1/4: overlapping windows accumulate exactly in any order."""
+  return (np.random.default_rng(cfg.seed + 1).integers(-8, 9, shape) / 4).astype(np.float32)
+
+
 # ----------------------------------------------------------------------------
 # Properties.
 # ----------------------------------------------------------------------------
@@ -259,7 +275,7 @@ def test_maxpool_minpool_match_mirror(cfg, return_indices):
   assume(out_shape is not None)
   x = _input(cfg)
   want_values, want_indices = _mirror_select(cfg, x)
-  out = _apply(cfg.module(return_indices=return_indices), cfg, x)
+  out = _jit_apply(cfg.module(return_indices=return_indices), cfg, x)
   values, indices = out if return_indices else (out, None)
   assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
   assert values.dtype == x.dtype
@@ -273,13 +289,19 @@ def test_maxpool_minpool_match_mirror(cfg, return_indices):
 @given(cfg=st.one_of(configs("max"), configs("min")))
 def test_maxpool_minpool_gradient_matches_mirror(cfg):
   cfg = dataclasses.replace(cfg, dtype="float32")
-  assume(_predicted_out_shape(cfg) is not None)
+  out_shape = _predicted_out_shape(cfg)
+  assume(out_shape is not None)
   x = _input(cfg)
   module = cfg.module()
-  values, vjp = jax.vjp(lambda v: _apply(module, cfg, v), jnp.asarray(x))
-  # Multiples of 1/4: overlapping windows accumulate exactly in any order.
-  g = (np.random.default_rng(cfg.seed + 1).integers(-8, 9, values.shape) / 4).astype(np.float32)
-  (grad,) = vjp(jnp.asarray(g))
+  g = _cotangent(cfg, (x.shape[0], *out_shape, x.shape[-1]))
+
+  @jax.jit  # the forward pass and its VJP in one compiled program
+  def values_and_grad(v, ct):
+    values, vjp = jax.vjp(lambda a: _apply(module, cfg, a), v)
+    return values, vjp(ct)[0]
+
+  values, grad = values_and_grad(jnp.asarray(x), jnp.asarray(g))
+  assert values.shape == g.shape
   # NumPy mirror: each output's cotangent lands on the cell its index points at.
   want = reference.max_pool_grad(
       x, g, cfg.window, cfg.strides, cfg.mirror_padding, dilation=cfg.dilation,
@@ -301,7 +323,7 @@ def test_avgpool_matches_mirror(cfg):
         x, cfg.window, cfg.strides, cfg.mirror_padding, ceil_mode=cfg.ceil_mode,
         count_include_pad=cfg.count_include_pad, divisor_override=cfg.divisor_override,
     )
-  got = _apply(cfg.module(), cfg, x)
+  got = _jit_apply(cfg.module(), cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   assert got.dtype == x.dtype
   np.testing.assert_allclose(got, want, **_AVG_TOL)
@@ -315,7 +337,7 @@ def test_lppool_matches_mirror(cfg):
   x = _input(cfg, positive=True)
   # NumPy mirror: (avg_pool(x**p) * prod(window)) ** (1/p), as PyTorch computes it.
   want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides, ceil_mode=cfg.ceil_mode)
-  got = _apply(cfg.module(), cfg, x)
+  got = _jit_apply(cfg.module(), cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
@@ -330,12 +352,18 @@ def test_separable_maxpool_minpool_match_mirror(cfg):
   x = _input(cfg)
   want_values, want_indices = _mirror_select(cfg, x)
   module = cfg.module(return_indices=True)
-  (values, indices), vjp = jax.vjp(lambda v: _apply(module, cfg, v), jnp.asarray(x))
+  g = _cotangent(cfg, (x.shape[0], *out_shape, x.shape[-1]))
+
+  @jax.jit  # the forward pass and its VJP in one compiled program
+  def run(v, ct):
+    (values, indices), vjp = jax.vjp(lambda a: _apply(module, cfg, a), v)
+    (grad,) = vjp((ct, np.zeros(indices.shape, jax.dtypes.float0)))
+    return values, indices, grad
+
+  values, indices, grad = run(jnp.asarray(x), jnp.asarray(g))
   assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_array_equal(values, want_values)
   np.testing.assert_array_equal(indices, want_indices)
-  g = (np.random.default_rng(cfg.seed + 1).integers(-8, 9, values.shape) / 4).astype(np.float32)
-  (grad,) = vjp((jnp.asarray(g), np.zeros(indices.shape, jax.dtypes.float0)))
   np.testing.assert_array_equal(grad, reference.max_pool_grad(
       x, g, cfg.window, cfg.strides, cfg.mirror_padding, dilation=cfg.dilation,
       ceil_mode=cfg.ceil_mode, kind=cfg.kind))
@@ -356,7 +384,7 @@ def test_separable_avgpool_lppool_match_mirror(cfg):
     else:
       want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides,
                                ceil_mode=cfg.ceil_mode)
-  got = _apply(cfg.module(), cfg, x)
+  got = _jit_apply(cfg.module(), cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 

@@ -125,6 +125,17 @@ def _rebatch(out, batched):
   return out if batched else jax.tree.map(lambda a: a[None], out)
 
 
+def _jitted(module, x):
+  """``module(x)`` under one ``nnx.jit``: one compiled program per drawn example.
+
+  Each example has its own shapes, so each compiles anew; called eagerly, a module
+  also compiles every small step (layout, bins, a gate's layers) on its own, which
+  costs more than the pooling. Eager calls equal jitted ones (test_pool.py, test_gates.py
+  and test_adaptive.py check that), and the fuzz tests below stay eager.
+  """
+  return nnx.jit(lambda m, v: m(v))(module, x)
+
+
 # ============================================================================
 # Global, adaptive and selectable pooling against the mirror.
 # ============================================================================
@@ -159,7 +170,7 @@ def test_adaptive_max_pool_matches_mirror(cfg, dtype):
   # NumPy mirror: PyTorch's bins; first maximum wins ties, the last NaN wins.
   want_values, want_indices = reference.adaptive_max_pool(x, cfg["out"])
   module = AdaptiveMaxPool(**cfg["spelled"], return_indices=True)
-  values, indices = _rebatch(module(x if cfg["batch"] else x[0]), cfg["batch"])
+  values, indices = _rebatch(_jitted(module, x if cfg["batch"] else x[0]), cfg["batch"])
   assert values.dtype == x.dtype and indices.dtype == jnp.int32
   np.testing.assert_array_equal(values, want_values)
   np.testing.assert_array_equal(indices, want_indices)
@@ -170,7 +181,8 @@ def test_adaptive_max_pool_matches_mirror(cfg, dtype):
 def test_adaptive_avg_pool_matches_mirror(cfg):
   x = _adaptive_input(cfg)
   want = reference.adaptive_avg_pool(x.astype(np.float64), cfg["out"])  # float64 bin means
-  got = _rebatch(AdaptiveAvgPool(**cfg["spelled"])(x if cfg["batch"] else x[0]), cfg["batch"])
+  module = AdaptiveAvgPool(**cfg["spelled"])
+  got = _rebatch(_jitted(module, x if cfg["batch"] else x[0]), cfg["batch"])
   assert got.dtype == jnp.float32
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
@@ -182,11 +194,11 @@ def test_global_pools_match_mirror(cfg, keepdims, dtype):
   x = _adaptive_input(cfg, dtype)
   arg = x if cfg["batch"] else x[0]
   shape = (x.shape[0], *([1] * nd if keepdims else []), x.shape[-1])
-  got_max = GlobalMaxPool(num_spatial_dims=nd, keepdims=keepdims)(arg)
+  got_max = _jitted(GlobalMaxPool(num_spatial_dims=nd, keepdims=keepdims), arg)
   np.testing.assert_array_equal(  # mirror: the max rule of max_pool over the whole plane
       _rebatch(got_max, cfg["batch"]), reference.global_max_pool(x).reshape(shape))
   if dtype == "float32":
-    got_avg = GlobalAvgPool(num_spatial_dims=nd, keepdims=keepdims)(arg)
+    got_avg = _jitted(GlobalAvgPool(num_spatial_dims=nd, keepdims=keepdims), arg)
     np.testing.assert_allclose(
         _rebatch(got_avg, cfg["batch"]),
         reference.global_avg_pool(x.astype(np.float64)).reshape(shape), **_AVG_TOL)
@@ -208,7 +220,7 @@ def test_select_adaptive_pool_matches_mirror(cfg, pool_type, flatten):
   if flatten:
     want = want.reshape(want.shape[0], -1)
   module = SelectAdaptivePool(**cfg["spelled"], pool_type=pool_type, flatten=flatten)
-  got = _rebatch(module(x if cfg["batch"] else x[0]), cfg["batch"])
+  got = _rebatch(_jitted(module, x if cfg["batch"] else x[0]), cfg["batch"])
   assert module.feat_mult() == (2 if pool_type == "catavgmax" else 1)
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
@@ -335,7 +347,7 @@ def test_squeeze_excitation_matches_the_paper(cfg, squeeze, rd_ratio, rd_divisor
   mean = x.astype(np.float64).mean(axis=tuple(range(1, x.ndim - 1)), keepdims=True)
   h = np.maximum(mean @ p["fc1/kernel"] + p.get("fc1/bias", 0.0), 0.0)
   want = x * _sigmoid(h @ p["fc2/kernel"] + p.get("fc2/bias", 0.0))
-  got = _rebatch(se(x if cfg["batch"] else x[0]), cfg["batch"])
+  got = _rebatch(_jitted(se, x if cfg["batch"] else x[0]), cfg["batch"])
   np.testing.assert_allclose(got, want, **_GATE_TOL)
 
 
@@ -349,7 +361,7 @@ def test_effective_squeeze_excitation_matches_the_paper(cfg):
   # CenterMask (Lee & Park 2020): y = x * hard_sigmoid(W mean(x) + b), relu6(v + 3) / 6.
   mean = x.astype(np.float64).mean(axis=tuple(range(1, x.ndim - 1)), keepdims=True)
   want = x * np.clip(mean @ p["fc/kernel"] + p["fc/bias"] + 3.0, 0.0, 6.0) / 6.0
-  got = _rebatch(ese(x if cfg["batch"] else x[0]), cfg["batch"])
+  got = _rebatch(_jitted(ese, x if cfg["batch"] else x[0]), cfg["batch"])
   np.testing.assert_allclose(got, want, **_GATE_TOL)
 
 
@@ -369,7 +381,7 @@ def test_efficient_channel_attention_matches_the_paper(cfg, kernel_size):
   # ECA-Net (Wang et al. 2020): a 1-D convolution across channels, zero padded, no bias.
   conv = np.stack([np.correlate(np.pad(row, pad), w, mode="valid") for row in mean])
   want = x * _sigmoid(conv).reshape(x.shape[0], *([1] * cfg["nd"]), c)
-  got = _rebatch(eca(x if cfg["batch"] else x[0]), cfg["batch"])
+  got = _rebatch(_jitted(eca, x if cfg["batch"] else x[0]), cfg["batch"])
   np.testing.assert_allclose(got, want, **_GATE_TOL)
 
 
@@ -395,7 +407,7 @@ def test_cbam_matches_the_paper(cfg, kernel, squeeze):
   mean, var = z.mean(axis=tuple(range(z.ndim - 1))), z.var(axis=tuple(range(z.ndim - 1)))
   z = (z - mean) / np.sqrt(var + 1e-5) * p["spatial_norm/scale"] + p["spatial_norm/bias"]
   want = x1 * _sigmoid(z)
-  np.testing.assert_allclose(cbam(x.astype(np.float32)), want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(_jitted(cbam, x.astype(np.float32)), want, rtol=1e-4, atol=1e-4)
 
 
 # ============================================================================
