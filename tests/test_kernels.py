@@ -155,6 +155,14 @@ def test_select_matches_reference(case, kind):
     np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=name)
 
 
+def _max_vjp(select, geom):
+  """``(x, ct) -> `` the VJP of a max's values: one compiled program, reused for each ``ct``.
+
+  (Run eagerly, a VJP dispatches, and compiles, every op of the unrolled oracle alone.)
+  """
+  return jax.jit(lambda x, ct: jax.vjp(lambda v: select(v, geom, "max")[0], x)[1](ct)[0])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", IDS)
 def test_max_grad_matches_reference_and_unrolled(case):
@@ -164,16 +172,13 @@ def test_max_grad_matches_reference_and_unrolled(case):
   out_shape = (x.shape[0], *geom.out_shape, x.shape[-1])
   # Integer-valued cotangents: every accumulation is exact, whatever its order.
   g = np.random.default_rng(3).integers(-4, 5, out_shape).astype(np.float32)
-  _, vjp = jax.vjp(lambda x: _select(x, geom, "max")[0], jnp.asarray(x))
-  (grad,) = vjp(jnp.asarray(g))
-  _, vjp_unrolled = jax.vjp(lambda x: _window_select(x, geom, "max")[0], jnp.asarray(x))
-  (want_unrolled,) = vjp_unrolled(jnp.asarray(g))
+  vjp, vjp_unrolled = _max_vjp(_select, geom), _max_vjp(_window_select, geom)
+  grad, want_unrolled = vjp(x, g), vjp_unrolled(x, g)
   np.testing.assert_array_equal(np.asarray(grad), np.asarray(want_unrolled))
   np.testing.assert_array_equal(np.asarray(grad), reference.max_pool_grad(x, g, **args, **kwargs))
   # Float cotangents: equal up to the order of accumulation over overlapping windows.
   g = np.random.default_rng(4).normal(size=out_shape).astype(np.float32)
-  (grad,) = vjp(jnp.asarray(g))
-  (want_unrolled,) = vjp_unrolled(jnp.asarray(g))
+  grad, want_unrolled = vjp(x, g), vjp_unrolled(x, g)
   np.testing.assert_allclose(np.asarray(grad), np.asarray(want_unrolled), rtol=1e-6, atol=1e-6)
 
 
@@ -184,16 +189,15 @@ def test_select_jvp_and_min_grad(case, kind):
   args, kwargs = _ref_kwargs(case)
   x = _inputs(CASES[case][-1], seed=5)["special"]
   t = np.random.default_rng(6).integers(-4, 5, x.shape).astype(np.float32)
-  (values, offsets), (t_values, t_offsets) = jax.jvp(
-      lambda x: _select(x, geom, kind), (jnp.asarray(x),), (jnp.asarray(t),)
-  )
-  _, (want_t, _) = jax.jvp(
-      lambda x: _window_select(x, geom, kind), (jnp.asarray(x),), (jnp.asarray(t),)
-  )
+  # Each transformation compiled once (run eagerly, it would compile op by op).
+  (values, offsets), (t_values, t_offsets) = jax.jit(
+      lambda x, t: jax.jvp(lambda v: _select(v, geom, kind), (x,), (t,)))(x, t)
+  _, (want_t, _) = jax.jit(
+      lambda x, t: jax.jvp(lambda v: _window_select(v, geom, kind), (x,), (t,)))(x, t)
   assert t_offsets.dtype == jax.dtypes.float0
   np.testing.assert_array_equal(np.asarray(t_values), np.asarray(want_t))
   g = np.random.default_rng(7).integers(-4, 5, values.shape).astype(np.float32)
-  grad = jax.grad(lambda x: (_select(x, geom, kind)[0] * g).sum())(jnp.asarray(x))
+  grad = jax.jit(jax.grad(lambda x: (_select(x, geom, kind)[0] * g).sum()))(x)
   want = reference.max_pool_grad(x, g, **args, **kwargs, kind=kind)
   np.testing.assert_array_equal(np.asarray(grad), want)
 
@@ -214,17 +218,20 @@ def test_window_sum_matches_unrolled_and_reference(case):
   # Multiples of 1/8: float32 sums are exact in any order, so both paths agree to 1e-6.
   x = _inputs(shape, seed=9)["int32"].astype(np.float32) / 8
   total = _sum(jnp.asarray(x), geom)
-  want = jax.jit(K._window_sum, static_argnums=1)(jnp.asarray(x), geom)
+  unrolled = jax.jit(K._window_sum, static_argnums=1)
+  want = unrolled(jnp.asarray(x), geom)
   np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
   g = np.random.default_rng(10).integers(-4, 5, total.shape).astype(np.float32) / 8
-  grad = jax.vjp(lambda x: _sum(x, geom), jnp.asarray(x))[1](jnp.asarray(g))[0]
-  want_grad = jax.vjp(lambda x: K._window_sum(x, geom), jnp.asarray(x))[1](jnp.asarray(g))[0]
+  # Each transformation compiled once (run eagerly, it would compile op by op).
+  vjp_of = lambda fn: jax.jit(lambda x, ct: jax.vjp(fn, x)[1](ct)[0])  # noqa: E731
+  grad = vjp_of(lambda x: _sum(x, geom))(x, g)
+  want_grad = vjp_of(lambda x: K._window_sum(x, geom))(x, g)
   np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
   # Normal floats: the summation order differs, so float32 rounding differs slightly.
   t = _inputs(shape, seed=11)["normal"]
-  jvp = jax.jvp(lambda x: _sum(x, geom), (jnp.asarray(x),), (jnp.asarray(t),))[1]
+  jvp = jax.jit(lambda x, t: jax.jvp(lambda v: _sum(v, geom), (x,), (t,))[1])(x, t)
   np.testing.assert_allclose(
-      np.asarray(jvp), np.asarray(K._window_sum(jnp.asarray(t), geom)), rtol=1e-5, atol=1e-5
+      np.asarray(jvp), np.asarray(unrolled(jnp.asarray(t), geom)), rtol=1e-5, atol=1e-5
   )
   if all(d == 1 for d in dilation):  # reference.avg_pool has no dilation
     ref = reference.avg_pool(
