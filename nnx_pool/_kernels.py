@@ -75,6 +75,11 @@ Kind = Literal["max", "min"]
 
 # Windows with more taps than this are decomposed one spatial dim at a time.
 UNROLL_LIMIT = 64
+# The most taps a values-only max (min) reads through per-tap pads (``taps(...,
+# shared_pad=False)``). Above it they read one shared padded copy instead: XLA:CPU of
+# jax 0.7 takes time exponential in the tap count to compile the per-tap spelling of a
+# strided, padded chain of selects (12 taps 0.5 s, 18 taps 8 s, 16 and 27 over 10 min).
+PER_TAP_PAD_LIMIT = 9
 
 
 def kernel(*, static_argnums: int | tuple[int, ...] = ()):
@@ -507,13 +512,18 @@ def window_sum(x: jax.Array, geom: Geometry, implementation: str = "taps") -> ja
   return _window_sum(x, geom)
 
 
+def _shares_pad(geom: Geometry, with_offsets: bool) -> bool:
+  """Whether an arg-select's taps read one padded copy (see :func:`taps`)."""
+  return with_offsets or geom.size > PER_TAP_PAD_LIMIT
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
 def _window_select(
     x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool
 ) -> tuple[jax.Array, jax.Array]:
   # Undifferentiated: the offsets are computed only when asked for (else XLA drops
   # them), and the taps are spelt for one consumer unless both outputs are used.
-  return _arg_select(x, geom, kind, shared_pad=with_offsets)
+  return _arg_select(x, geom, kind, shared_pad=_shares_pad(geom, with_offsets))
 
 
 @_window_select.defjvp
@@ -656,7 +666,7 @@ def select(
     return _separable_select(x, geom, kind, differentiable=floating)
   if floating:
     return _window_select(x, geom, kind, with_offsets)
-  return _arg_select(x, geom, kind, shared_pad=with_offsets)
+  return _arg_select(x, geom, kind, shared_pad=_shares_pad(geom, with_offsets))
 
 
 @kernel(static_argnums=1)

@@ -213,6 +213,20 @@ def test_pool_3d():
   assert float(values.reshape(())) == 7.0 and int(indices.reshape(())) == 7
 
 
+# Values-only max (min) over more than 9 strided, padded taps. XLA:CPU of jax 0.7 (the
+# floor job) never finished compiling these when each tap read its own pad; they now
+# read one shared padded copy (nnx_pool._kernels.PER_TAP_PAD_LIMIT).
+@pytest.mark.parametrize(("module", "mirror", "shape", "window", "strides", "padding"), [
+    (MaxPool, reference.max_pool, (2, 9, 9, 3), (4, 4), (2, 2), ((1, 1), (1, 1))),
+    (MinPool, reference.min_pool, (2, 11, 10, 2), (5, 5), (2, 2), ((2, 2), (2, 2))),
+    (MaxPool, reference.max_pool, (1, 7, 7, 7, 2), (3, 3, 3), (2, 2, 2), ((1, 1),) * 3),
+])
+def test_many_padded_strided_taps_match_mirror(module, mirror, shape, window, strides, padding):
+  x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+  got = jax.jit(module(window, strides, padding, num_spatial_dims=len(window)))(x)
+  np.testing.assert_array_equal(got, mirror(x, window, strides, padding)[0])
+
+
 # Windows over 64 taps run one spatial dim at a time. A dim with a single window keeps
 # one position even when its window is one tap at unit stride (here dim 0), so that
 # stage must run: each config below once gave the dim's full length back.
