@@ -28,3 +28,28 @@ def test_benchmarks_quick_run_writes_every_row(tmp_path, capsys):
 def test_benchmarks_unknown_filter_is_an_error():
   with pytest.raises(SystemExit):
     main(["-k", "no such case"])
+
+
+def test_backward_formulations_equal_the_numpy_mirror():
+  # Every candidate adjoint of benchmarks/formulations.py against the mirror's
+  # max-pool gradient (PyTorch's rule: first max wins, nothing to padding).
+  import jax
+  import numpy as np
+
+  from benchmarks import formulations
+  from nnx_pool import _kernels, reference
+  from nnx_pool._geometry import Window
+
+  shape = (2, 9, 10, 3)  # an odd and an even length
+  rng = np.random.default_rng(3)
+  x = rng.integers(-3, 4, shape).astype(np.float32)  # small integers: many ties
+  geom = Window.create(3, 2, 1, num_spatial_dims=2).resolve(shape[1:-1])
+  values, arg = _kernels._arg_select(x, geom, "max", shared_pad=True)
+  ct = rng.standard_normal(values.shape).astype(np.float32)
+  want = reference.max_pool_grad(x, ct, (3, 3), (2, 2), ((1, 1), (1, 1)))
+  for name, got in [
+      ("interior", jax.jit(formulations.interior, static_argnums=2)(ct, arg, geom)),
+      ("gather", jax.jit(formulations.gather, static_argnums=2)(ct, arg, geom)),
+      ("recompute", jax.jit(formulations.recompute, static_argnums=2)(ct, x, geom)),
+  ]:
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
