@@ -522,7 +522,8 @@ def _window_select(
     x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool
 ) -> tuple[jax.Array, jax.Array]:
   # Undifferentiated: the offsets are computed only when asked for (else XLA drops
-  # them), and the taps are spelt for one consumer unless both outputs are used.
+  # them), and the taps are spelt for one consumer unless both outputs are used or
+  # the window is over PER_TAP_PAD_LIMIT taps (_shares_pad).
   return _arg_select(x, geom, kind, shared_pad=_shares_pad(geom, with_offsets))
 
 
