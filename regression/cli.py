@@ -17,6 +17,11 @@ Commands:
 * ``diff A B [--json OUT]``: compares two recorded baselines.
 * ``info [--json OUT]``: prints the current environment stamp.
 
+On a terminal, ``check`` and ``record`` show which case runs (``check: case 17/104
+max_k2s1_ties_zeros ...``) on one line of stderr that is rewritten in place and cleared
+at the end; when stderr is not a terminal (piped, redirected, CI) nothing extra is
+printed.
+
 Exit codes: 0 everything passed; 1 a number moved, an error case stopped
 raising, a case failed to run, or the baseline is out of date (NEW, GONE,
 STALE cases); 2 the batch could not be imported or built (with its
@@ -32,12 +37,14 @@ for a number that moved.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
 
 from nnx_pool.regression.report import Report, render, write_json
 from nnx_pool.regression.stamp import SHIPPED, source_checkout
@@ -99,8 +106,13 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def run(args: argparse.Namespace, batch: BatchFactory | None = None) -> Report:
+def run(
+    args: argparse.Namespace, batch: BatchFactory | None = None, *,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Report:
   """Runs the parsed command and returns its report.
+
+  ``progress`` is passed to ``record`` and ``check`` (see :mod:`nnx_pool.regression.commands`).
 
   Raises:
     Exception: whatever importing or building the batch raised; :func:`main`
@@ -122,11 +134,68 @@ def run(args: argparse.Namespace, batch: BatchFactory | None = None) -> Report:
     from nnx_pool.regression.batch import load_batch as batch
   loaded = batch()
   if args.command == "record":
-    return commands.record(loaded.cases, args.out, force=args.force, notes=loaded.notes)
+    return commands.record(loaded.cases, args.out, force=args.force, notes=loaded.notes,
+                           progress=progress)
   return commands.check(
       loaded.cases, args.baseline, pattern=args.pattern, dry_run=args.dry_run, notes=loaded.notes,
-      devices=args.devices, axis_types=args.axis_types,
+      devices=args.devices, axis_types=args.axis_types, progress=progress,
   )
+
+
+def _is_terminal(stream: TextIO | None) -> bool:
+  try:
+    return bool(stream is not None and stream.isatty())
+  except (AttributeError, ValueError):  # no isatty, or a closed stream
+    return False
+
+
+def _columns(stream: TextIO) -> int:
+  """The terminal's width; a terminal that reports 0 (unknown) falls back to COLUMNS, then 80."""
+  try:
+    columns = os.get_terminal_size(stream.fileno()).columns
+  except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is an OSError
+    columns = 0
+  return columns or shutil.get_terminal_size().columns
+
+
+class ProgressLine:
+  """``check: case 17/104 max_k2s1_ties_zeros ...``, rewritten in place on one terminal line.
+
+  Each call returns to the start of the line (``\\r``) and overwrites what the
+  previous call wrote; :meth:`clear` blanks it. Text is cut to the terminal's
+  width, so the line never wraps (a wrapped line cannot be rewritten with ``\\r``).
+  """
+
+  def __init__(self, stream: TextIO, command: str):
+    self.stream = stream
+    self.command = command
+    self._shown = 0
+
+  def __call__(self, n: int, total: int, name: str) -> None:
+    text = f"{self.command}: case {n}/{total} {name} ..."[:max(_columns(self.stream) - 1, 1)]
+    self.stream.write("\r" + text.ljust(self._shown))
+    self.stream.flush()
+    self._shown = len(text)
+
+  def clear(self) -> None:
+    """Blanks the line, leaving the cursor at its start."""
+    if self._shown:
+      self.stream.write("\r" + " " * self._shown + "\r")
+      self.stream.flush()
+      self._shown = 0
+
+
+@contextlib.contextmanager
+def _progress(command: str) -> Iterator[ProgressLine | None]:
+  """A progress line on stderr when it is a terminal (else None), cleared on the way out."""
+  if command not in ("check", "record") or not _is_terminal(sys.stderr):
+    yield None
+    return
+  line = ProgressLine(sys.stderr, command)
+  try:
+    yield line
+  finally:
+    line.clear()
 
 
 def _print(report: Report, *, timing: bool, json_path: str | None) -> None:
@@ -160,7 +229,8 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     if code is not None:
       return code
   try:
-    report = run(args, batch)
+    with _progress(args.command) as progress:
+      report = run(args, batch, progress=progress)
   except Exception:  # noqa: BLE001 - an import or build failure: shown whole, exit 2
     traceback.print_exc()
     print(f"error: {args.command}: the regression batch could not be imported or built (the "

@@ -1,9 +1,10 @@
 """The four commands behind the CLI: ``record``, ``check``, ``diff`` and ``info``.
 
 Each takes plain arguments, returns a :class:`~nnx_pool.regression.report.Report`, and
-never prints; :mod:`nnx_pool.regression.cli` renders it. Baseline arrays are keyed
-``<case>/<key>``: the stored inputs (``input``, ``cotangent``,
-``weights/<path>``) and the results (``output``, ``output_eager``,
+never prints; :mod:`nnx_pool.regression.cli` renders it. ``record`` and ``check`` call
+an optional ``progress(n, total, case_name)`` before each case (the CLI's progress
+line). Baseline arrays are keyed ``<case>/<key>``: the stored inputs (``input``,
+``cotangent``, ``weights/<path>``) and the results (``output``, ``output_eager``,
 ``indices``, ``indices_eager``, ``grad/input``, ``grad/params/<path>``).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ KIND = "batch"
 BATCH_AXIS = "batch"  # the mesh axis of sharded checks (nnx_pool.regression.runner.BATCH_AXIS)
 _INPUT_KEYS = ("input", "cotangent", "weights/")
 _CASE_FIELDS = ("declaration", "inputs", "results", "jit_eager_agree", "timing", "raises")
+# Called as progress(n, total, case_name) before the n-th of total cases runs (n from 1).
+Progress = Callable[[int, int, str], None]
 
 
 def _is_input(key: str) -> bool:
@@ -81,6 +84,7 @@ def record(
     force: bool = False,
     notes: Sequence[str] = (),
     reps: int = 20,
+    progress: Progress | None = None,
 ) -> Report:
   """Runs every case and writes a baseline atomically.
 
@@ -94,6 +98,7 @@ def record(
     force: replace an existing baseline.
     notes: lines to carry into the report and manifest (e.g. skipped builders).
     reps: the most timed steady-state calls per case.
+    progress: called as ``progress(n, len(cases), name)`` before each case runs.
 
   Returns:
     The report; exit code 2 if ``out`` may not be written (it exists without
@@ -122,7 +127,9 @@ def record(
   report.stamp = stamp
   entries: dict[str, Any] = {}
   arrays: dict[str, np.ndarray] = {}
-  for case in cases:
+  for n, case in enumerate(cases, 1):
+    if progress is not None:
+      progress(n, len(cases), case.name)
     stored = None
     if old is not None:
       entry = old.manifest["cases"].get(case.name)
@@ -196,6 +203,7 @@ def check(
     reps: int = 20,
     devices: int | None = None,
     axis_types: str = "explicit",
+    progress: Progress | None = None,
 ) -> Report:
   """Runs the batch (after JIT warmup) and compares it with a baseline.
 
@@ -211,6 +219,7 @@ def check(
       with the baseline (see :mod:`nnx_pool.regression.runner`). None: one device.
     axis_types: the mesh's axis type when ``devices`` is given,
       ``"explicit"`` (default) or ``"auto"``.
+    progress: called as ``progress(n, total, name)`` before each selected case runs.
 
   Returns:
     The report; exit code 2 for an unusable baseline or too few devices, 1
@@ -237,7 +246,9 @@ def check(
   entries = manifest["cases"]
   selected = select(cases, pattern)
   placements: dict[str, int] = {}
-  for case in selected:
+  for n, case in enumerate(selected, 1):
+    if progress is not None:
+      progress(n, len(selected), case.name)
     entry = entries.get(case.name)
     if entry is None:
       report.rows.append(Row(case.name, "NEW", details=["not in the baseline; re-record it"]))

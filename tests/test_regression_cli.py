@@ -5,8 +5,10 @@ weights and parameter gradients), so these tests do not depend on the pooling
 modules; tests/test_regression_batch.py runs the real batch.
 """
 
+import io
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -324,6 +326,61 @@ def test_cli_record_with_no_cases_exits_2(tmp_path, capsys):
   assert "no cases to record" in capsys.readouterr().err
 
 
+# --------------------------------------------------------------- progress
+
+
+class _Terminal(io.StringIO):
+  """A stderr that says it is a terminal."""
+
+  def isatty(self) -> bool:
+    return True
+
+
+def _shown(stream: _Terminal) -> list[str]:
+  """What a terminal showed, one entry per rewrite of the line."""
+  return [part.rstrip() for part in stream.getvalue().split("\r") if part.strip()]
+
+
+def test_cli_check_on_a_terminal_shows_case_n_of_total_then_clears_it(baseline, capsys,
+                                                                      monkeypatch):
+  terminal = _Terminal()
+  monkeypatch.setattr(sys, "stderr", terminal)
+  assert _main(["check", "--baseline", str(baseline), "-k", "standin_mean*"]) == 0
+  assert _shown(terminal) == ["check: case 1/2 standin_mean ...",
+                              "check: case 2/2 standin_mean_bf16 ..."]
+  err = terminal.getvalue()
+  assert "\n" not in err  # one line, rewritten in place
+  assert err.endswith("\r" + " " * len("check: case 2/2 standin_mean_bf16 ...") + "\r")
+  assert "2 cases: 2 pass" in capsys.readouterr().out
+
+
+def test_cli_record_on_a_terminal_shows_case_n_of_total(tmp_path, capsys, monkeypatch):
+  terminal = _Terminal()
+  monkeypatch.setattr(sys, "stderr", terminal)
+  assert _main(["record", "--out", str(tmp_path / "b")], standin_cases()[:2]) == 0
+  assert _shown(terminal) == ["record: case 1/2 standin_max ...",
+                              "record: case 2/2 standin_mean ..."]
+  assert terminal.getvalue().endswith("\r")
+
+
+def test_cli_prints_nothing_extra_when_stderr_is_not_a_terminal(baseline, capsys):
+  assert _main(["check", "--baseline", str(baseline), "-k", "standin_mean*"]) == 0
+  captured = capsys.readouterr()
+  assert captured.err == ""
+  assert "case 1/2" not in captured.out
+
+
+def test_progress_line_fits_the_terminal_and_overwrites_a_longer_line(monkeypatch):
+  monkeypatch.setenv("COLUMNS", "24")  # io.StringIO has no terminal size: COLUMNS decides
+  terminal = _Terminal()
+  line = cli.ProgressLine(terminal, "check")
+  line(9, 104, "adaptive_avg_up_79_asym")
+  line(10, 104, "se")
+  line.clear()
+  assert terminal.getvalue().split("\r") == [
+      "", "check: case 9/104 adapt", "check: case 10/104 se .", " " * 23, ""]
+
+
 # ------------------------------------------------------------- diff, info
 
 
@@ -415,7 +472,7 @@ def test_cli_record_without_out_refuses_an_installed_package(monkeypatch, capsys
 def test_cli_record_without_out_in_a_checkout_targets_the_shipped_baseline(monkeypatch):
   seen = {}
 
-  def fake_record(cases, out, *, force, notes):
+  def fake_record(cases, out, *, force, notes, progress):
     seen.update(out=out, force=force)
     return Report(command="record", exit_code=2, error="stop here")
 
