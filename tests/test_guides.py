@@ -15,6 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 
@@ -43,16 +44,16 @@ def _prose(page: Path) -> str:
 
 
 @functools.cache
-def _render(name: str) -> str:
+def _render(name: str) -> bytes:
   """One figure drawn now (each separately, so one broken drawing fails only its tests)."""
-  return make_figures.FIGURES[name]()
+  return make_figures.render(name)
 
 
 @pytest.mark.parametrize("name", sorted(make_figures.FIGURES))
 def test_guides_committed_figure_matches_rendering(name):
   path = FIGURES / name
   assert path.exists(), f"guides/figures/{name} is missing; generate it with `{REGENERATE}`."
-  committed = path.read_text(encoding="utf-8")
+  committed = path.read_bytes()
   if committed != _render(name):
     old, new = committed.splitlines(), _render(name).splitlines()
     # The two files may differ in length: stop at the shorter one.
@@ -60,10 +61,17 @@ def test_guides_committed_figure_matches_rendering(name):
         (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
         min(len(old), len(new)),
     )
+    # The bytes depend on matplotlib's version too (the SVG metadata records it).
+    drawn_with = re.search(rb"Matplotlib v([^,<]+)", committed)
+    version = (
+        f" The committed file was drawn with matplotlib {drawn_with.group(1).decode()} and "
+        f"this is {matplotlib.__version__}: install the one constraints.txt pins."
+        if drawn_with and drawn_with.group(1).decode() != matplotlib.__version__ else ""
+    )
     pytest.fail(
         f"guides/figures/{name} differs from what guides/make_figures.py draws from the "
         f"current library (first difference at line {first + 1}). If the change is "
-        f"intended, regenerate with `{REGENERATE}` and review the new figure.",
+        f"intended, regenerate with `{REGENERATE}` and review the new figure.{version}",
         pytrace=False,
     )
 
@@ -71,10 +79,14 @@ def test_guides_committed_figure_matches_rendering(name):
 @pytest.mark.parametrize("name", sorted(make_figures.FIGURES))
 def test_guides_figure_is_well_formed_svg(name):
   root = ET.fromstring(_render(name))
-  ns = "{http://www.w3.org/2000/svg}"
-  assert root.tag == f"{ns}svg"
-  assert root.find(f"{ns}title").text and root.find(f"{ns}desc").text
-  assert not re.search(r'="[^"]*nan', _render(name), re.IGNORECASE), "a NaN coordinate"
+  ns = {"svg": "http://www.w3.org/2000/svg", "dc": "http://purl.org/dc/elements/1.1/"}
+  assert root.tag == "{http://www.w3.org/2000/svg}svg"
+  assert root.find("svg:title", ns).text == make_figures.FIGURES[name].title
+  assert root.find(".//dc:description", ns).text == make_figures.FIGURES[name].description
+  assert root.find(".//dc:date", ns) is None, "a date would make every rendering differ"
+  texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+  assert texts, "the text should stay <text> (svg.fonttype 'none')"
+  assert "NaN" not in texts
 
 
 def test_guides_figures_folder_holds_only_generated_figures():
