@@ -107,13 +107,12 @@ def _box(ax: Axes, x, y, w, h, **kwargs) -> None:
   ax.add_patch(Rectangle((x, y), w, h, clip_on=False, **kwargs))
 
 
-def _cell(ax: Axes, x, y, w, h=None, colours: Sequence[str] = ()) -> None:
-  """A grid cell; several colours fill it in vertical slices."""
-  h = w if h is None else h
+def _cell(ax: Axes, x, y, side, colours: Sequence[str] = ()) -> None:
+  """A square grid cell; several colours fill it in vertical slices."""
   for k, colour in enumerate(colours):
-    _box(ax, x + k * w / len(colours), y, w / len(colours), h,
+    _box(ax, x + k * side / len(colours), y, side / len(colours), side,
          facecolor=(colour, FILL_ALPHA))
-  _box(ax, x, y, w, h, edgecolor=GRID, linewidth=1)
+  _box(ax, x, y, side, side, edgecolor=GRID, linewidth=1)
 
 
 def _grid(ax: Axes, x0, y0, values: np.ndarray, cell: float, *, fills=None, size=18,
