@@ -115,20 +115,62 @@ def _compare_exact_ints(actual: np.ndarray, expected: np.ndarray) -> Verdict:
   )
 
 
-def _finish(a: np.ndarray, e: np.ndarray, tol: Tolerance, *, exact: bool) -> Verdict:
-  size = int(a.size)
+def failing_elements(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> np.ndarray:
+  """Which elements fail the comparison :func:`compare_arrays` makes.
+
+  Under the ``sum`` rule an element fails when the total of its sample and
+  channel does.
+
+  Args:
+    actual: the array computed now.
+    expected: the baseline's array, of the same dtype and shape.
+    tol: the tolerance to apply.
+
+  Returns:
+    A bool array of their shape.
+
+  Raises:
+    ValueError: the dtypes or shapes differ, so no element corresponds to another.
+  """
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  if actual.dtype != expected.dtype or actual.shape != expected.shape:
+    raise ValueError(
+        f"`actual` and `expected` must have one dtype and shape; got {actual.dtype.name}"
+        f"{list(actual.shape)} and {expected.dtype.name}{list(expected.shape)}.")
+  if not is_float(actual.dtype):
+    return actual != expected
+  a, e = actual.astype(np.float64), expected.astype(np.float64)
+  with np.errstate(all="ignore"):
+    if tol.rule != "sum":
+      return _failures(a, e, tol, exact=tol.rule == "exact")[0]
+    totals = _failures(_sum_spatial(a), _sum_spatial(e), tol, exact=True)[0]
+  if a.ndim >= 3:  # (N, C) totals back over the spatial axes
+    totals = totals.reshape(totals.shape[0], *[1] * (a.ndim - 2), totals.shape[-1])
+  return np.broadcast_to(totals, a.shape).copy()
+
+
+def _failures(
+    a: np.ndarray, e: np.ndarray, tol: Tolerance, *, exact: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """``(failing elements, finite elements, |a - e| where finite else 0)`` of float64 arrays."""
   nan_a, nan_e = np.isnan(a), np.isnan(e)
   inf_a, inf_e = np.isinf(a), np.isinf(e)
   bad = nan_a != nan_e
   bad |= (inf_a | inf_e) & ~(nan_a | nan_e) & (a != e)
   finite = ~(nan_a | nan_e | inf_a | inf_e)
   diff = np.where(finite, np.abs(a - e), 0.0)
-  scale = np.abs(e)
-  rel = np.where(finite & (diff > 0), diff / np.where(scale > 0, scale, 0.0), 0.0)
   if exact:
     bad |= finite & (diff > 0)
   else:
-    bad |= finite & (diff > tol.atol + tol.rtol * scale)
+    bad |= finite & (diff > tol.atol + tol.rtol * np.abs(e))
+  return bad, finite, diff
+
+
+def _finish(a: np.ndarray, e: np.ndarray, tol: Tolerance, *, exact: bool) -> Verdict:
+  size = int(a.size)
+  bad, finite, diff = _failures(a, e, tol, exact=exact)
+  scale = np.abs(e)
+  rel = np.where(finite & (diff > 0), diff / np.where(scale > 0, scale, 0.0), 0.0)
   mismatches = int(bad.sum())
   max_abs = float(diff.max()) if size else 0.0
   max_rel = float(rel.max()) if size else 0.0

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nnx_pool.regression.compare import compare_arrays
+from nnx_pool.regression.compare import compare_arrays, failing_elements
 from nnx_pool.regression.tolerance import Tolerance, tolerance_for
 
 EXACT = Tolerance("exact")
@@ -74,6 +74,33 @@ def test_compare_sum_rule_ignores_where_tied_gradient_lands():
   assert compare_arrays(moved, expected, ties).passed
   assert not compare_arrays(moved, expected, EXACT).passed
   assert not compare_arrays(moved * 2, expected, ties).passed
+
+
+def test_failing_elements_mark_what_compare_counts():
+  # Hand-built: one value over atol + rtol*|expected|, one NaN moved, one inf flipped,
+  # one value within tolerance; the verdict counts exactly the marked elements.
+  expected = np.array([1.0, 2.0, np.nan, np.inf, 5.0])
+  actual = np.array([1.0 + 3e-6, 2.0 + 1e-6, 3.0, -np.inf, 5.0])
+  bad = failing_elements(actual, expected, CLOSE)
+  assert bad.tolist() == [True, False, True, True, False]
+  assert compare_arrays(actual, expected, CLOSE).mismatches == int(bad.sum())
+  assert failing_elements(np.array([3, 4], np.int32), np.array([3, 5], np.int32),
+                          EXACT).tolist() == [False, True]
+
+
+def test_failing_elements_under_the_sum_rule_mark_the_whole_sample_and_channel():
+  expected = np.zeros((2, 2, 2, 2), np.float32)
+  actual = expected.copy()
+  actual[1, 0, 0, 0], actual[1, 1, 1, 0] = 1, -1  # the total of (1, channel 0) is unchanged
+  actual[0, 0, 1, 1] = 1  # the total of (0, channel 1) moved
+  bad = failing_elements(actual, expected, Tolerance("sum"))
+  assert bad.shape == expected.shape
+  assert bad[0, :, :, 1].all() and bad.sum() == 4
+
+
+def test_failing_elements_need_one_dtype_and_shape():
+  with pytest.raises(ValueError, match=r"one dtype and shape; got float32\[2\] and float64\[2\]"):
+    failing_elements(np.zeros(2, np.float32), np.zeros(2), EXACT)
 
 
 def test_compare_raises_no_numpy_warnings():
