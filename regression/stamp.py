@@ -162,17 +162,25 @@ def stamp_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   Returns:
     Lines like ``jax 0.9.2 -> 0.10.2`` or ``env XLA_FLAGS unset -> --xla_foo``.
   """
+  return [f"{label} {before} -> {after}"
+          for label, before, after, changed in stamp_rows(old, new) if changed]
+
+
+def stamp_rows(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str, str, bool]]:
+  """Every value of two stamps side by side, dates excluded (the HTML report's table).
+
+  Returns:
+    ``(label, old value, new value, changed)`` per value, in the order of
+    :func:`stamp_changes`, which lists the changed ones.
+  """
   a, b = _flat(old), _flat(new)
-  lines = []
+  rows = []
   for key in sorted(set(a) | set(b), key=lambda k: (_order(k[0]), k[1])):
-    unknown = key[0] != "env" and (a.get(key) is None or b.get(key) is None)
-    if a.get(key) != b.get(key) and not unknown:
-      section, name = key
-      lines.append(
-          f"{_label(section, name)} {_show(section, name, a.get(key))} -> "
-          f"{_show(section, name, b.get(key))}"
-      )
-  return lines
+    section, name = key
+    unknown = section != "env" and (a.get(key) is None or b.get(key) is None)
+    rows.append((_label(section, name), _show(section, name, a.get(key)),
+                 _show(section, name, b.get(key)), a.get(key) != b.get(key) and not unknown))
+  return rows
 
 
 def _order(section: str) -> int:

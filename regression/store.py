@@ -151,6 +151,12 @@ def _write_file(path: Path, data: bytes) -> None:
     os.fsync(f.fileno())
 
 
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+  """Writes a file whole or not at all: see :func:`_put` (the CLI's ``--html`` report)."""
+  path = Path(path)
+  _put(path.parent, path.name, data)
+
+
 def _put(out: Path, name: str, data: bytes) -> None:
   """Writes ``out/name`` through a temporary file that is fsynced, then renamed into place."""
   tmp = out / f".tmp-{os.getpid()}-{os.urandom(4).hex()}"

@@ -29,6 +29,16 @@ def test_stamp_header_names_versions_platform_device_and_git():
       "unknown (unknown), git unknown")
 
 
+def test_stamp_rows_put_every_value_side_by_side_and_mark_the_changes():
+  rows = {label: (before, after, changed) for label, before, after, changed in
+          stamp.stamp_rows(STAMP_A, STAMP_B)}
+  assert rows["jax"] == ("0.10.2", "0.9.2", True)
+  assert rows["chex"] == ("0.1.92", "0.1.92", False)
+  assert rows["git revision"] == ("eb143693f648", "unknown", False)  # unknown is no change
+  assert [f"{label} {a} -> {b}" for label, (a, b, changed) in rows.items() if changed] == (
+      stamp.stamp_changes(STAMP_A, STAMP_B))
+
+
 def test_an_unknown_value_is_shown_but_never_a_change():
   changes = stamp.stamp_changes(STAMP_A, STAMP_B)
   assert "jax 0.10.2 -> 0.9.2" in changes and "platform gpu -> cpu" in changes
