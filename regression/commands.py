@@ -21,8 +21,15 @@ import numpy as np
 from nnx_pool.regression import store
 from nnx_pool.regression.batch import Case, matches, select
 from nnx_pool.regression.compare import compare_arrays
-from nnx_pool.regression.report import FAILING, Report, Row, Timing, recorded_label
-from nnx_pool.regression.runner import compare_results, make_mesh, run_case
+from nnx_pool.regression.report import FAILING, FailedArray, Report, Row, Timing, recorded_label
+from nnx_pool.regression.runner import (
+    UNBATCHED_INPUTS,
+    compare_results,
+    make_mesh,
+    role_of,
+    run_case,
+    split_copies,
+)
 from nnx_pool.regression.stamp import collect_stamp, stamp_changes
 from nnx_pool.regression.store import Baseline, BaselineError
 from nnx_pool.regression.tolerance import Tolerance, policy_table
@@ -318,11 +325,33 @@ def _compare_run(
     row.max_rel = max(row.max_rel, verdict.max_rel)
     if not verdict.passed:
       row.details.append(f"{key}: {verdict.message} [{tol.describe()}]")
+      failed = _failed_array(case, run, key, stored[key])
+      if failed is not None:
+        row.failed[key] = failed
   if entry["jit_eager_agree"] and run.jit_eager_agree is False:
     row.details.append("jit and eager results agreed in the baseline and now disagree")
   if row.details:
     row.status = "FAIL"
   return row
+
+
+def _failed_array(case: Case, run: Any, key: str, expected: np.ndarray) -> FailedArray | None:
+  """A failing result beside the baseline's, for the HTML report; None if dtype or shape moved."""
+  tol = run.tolerances[key]
+  copies = split_copies(key, run.results[key], run.copies)
+  for i, actual in enumerate(copies):
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+      return None
+    if compare_arrays(actual, expected, tol).passed:
+      continue
+    x = run.inputs["input"]
+    spatial: tuple[int, ...] = ()
+    if role_of(key) != "grad_params" and actual.ndim == x.ndim:  # laid out as the input
+      first = 0 if case.input in UNBATCHED_INPUTS else 1
+      spatial = tuple(range(first, x.ndim - 1))
+    return FailedArray(expected, actual, tol, spatial,
+                       (i, len(copies)) if len(copies) > 1 else None)
+  return None
 
 
 # --------------------------------------------------------------------- diff

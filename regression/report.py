@@ -26,8 +26,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from nnx_pool.regression.compare import json_float
 from nnx_pool.regression.stamp import stamp_header
+from nnx_pool.regression.tolerance import Tolerance
 
 FAILING = ("FAIL", "ERROR", "NEW", "GONE", "STALE")
 # A case's timing has moved when it is this many times slower or faster than the
@@ -36,6 +39,28 @@ FAILING = ("FAIL", "ERROR", "NEW", "GONE", "STALE")
 # x1.63 (median x1.12), steady state at most x8.2 (median x1.44: calls of
 # 8-110 us). Each threshold clears its worst observed spread.
 NOISE = {"compile": 2.0, "steady": 10.0}
+
+
+@dataclasses.dataclass(eq=False)
+class FailedArray:
+  """A result array that failed its comparison, kept whole for the HTML report (never JSON).
+
+  Attributes:
+    baseline: the baseline's array.
+    new: the array computed now (of a sharded run, the first copy that failed).
+    tolerance: the tolerance it failed.
+    spatial: which axes of the array are the spatial map (``(1, 2)`` for a
+      batched 2-D output ``(N, H, W, C)``); empty when the array does not have
+      the input's layout (a parameter gradient, a flattened output).
+    copy: which copy of a sharded run ``new`` is, and how many there were;
+      None for a run on one device.
+  """
+
+  baseline: np.ndarray
+  new: np.ndarray
+  tolerance: Tolerance
+  spatial: tuple[int, ...] = ()
+  copy: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass
@@ -50,6 +75,8 @@ class Row:
     tolerance: a label for the tolerance of the case's main output.
     details: one line per problem (array, what differs).
     arrays: per-array verdicts and tolerances, for JSON.
+    failed: the arrays of ``check`` that failed, by key, for the HTML report;
+      left out of JSON. Arrays whose dtype or shape changed are not kept.
   """
 
   case: str
@@ -59,10 +86,13 @@ class Row:
   tolerance: str = ""
   details: list[str] = dataclasses.field(default_factory=list)
   arrays: dict[str, Any] = dataclasses.field(default_factory=dict)
+  failed: dict[str, FailedArray] = dataclasses.field(
+      default_factory=dict, repr=False, compare=False)
 
   def to_json(self) -> dict[str, Any]:
-    """A JSON-safe dict."""
-    data = dataclasses.asdict(self)
+    """A JSON-safe dict (without the arrays of :attr:`failed`)."""
+    data = dataclasses.asdict(dataclasses.replace(self, failed={}))
+    del data["failed"]
     data["max_abs"] = json_float(self.max_abs)
     data["max_rel"] = json_float(self.max_rel)
     return data
