@@ -2,11 +2,14 @@
 
 Commands:
 
-* ``check [--baseline DIR] [--json OUT] [--timing] [-k PATTERN] [--dry-run]
-  [--devices N [--axis-types explicit|auto]]``: runs the batch after JIT warmup
-  and compares it with the baseline (default: the shipped one). ``--timing``
-  lists every case whose timing moved; by default the report gives totals and
-  at most the largest mover.
+* ``check [--baseline DIR] [--json OUT] [--html OUT] [--timing] [-k PATTERN]
+  [--dry-run] [--devices N [--axis-types explicit|auto]]``: runs the batch after
+  JIT warmup and compares it with the baseline (default: the shipped one).
+  ``--timing`` lists every case whose timing moved; by default the report gives
+  totals and at most the largest mover. ``--html OUT`` also writes one
+  self-contained page (:mod:`nnx_pool.regression.html`): both stamps, the table,
+  and heatmaps of every failing array; it needs matplotlib, the ``report``
+  extra, and without it exits 2 naming the install command before running anything.
   With ``--devices N`` the batch runs sharded over N devices (simulated CPU
   devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before
   JAX initialises, re-running the command in a fresh interpreter when this one
@@ -44,8 +47,10 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
+from nnx_pool.regression import html
 from nnx_pool.regression.report import Report, render, write_json
 from nnx_pool.regression.stamp import SHIPPED, source_checkout
 
@@ -76,7 +81,12 @@ def _parser() -> argparse.ArgumentParser:
   def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
 
-  p = sub.add_parser("check", help="compare the batch with a baseline")
+  p = sub.add_parser(
+      "check", help="compare the batch with a baseline",
+      description="Runs the batch (after JIT warmup) and compares it with a baseline.",
+      epilog="On a terminal, stderr shows the case running (case n/N); piped, nothing extra. "
+             "Exit codes: 0 all pass, 1 a number moved or the baseline is out of date, "
+             "2 an unusable baseline or a batch that could not be built.")
   p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
                  help="baseline directory (default: the shipped baseline)")
   p.add_argument("-k", dest="pattern", metavar="PATTERN",
@@ -89,8 +99,15 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--timing", action="store_true",
                  help="list every case whose compile or steady time moved (never fails a check)")
   add_json(p)
+  p.add_argument("--html", metavar="OUT",
+                 help="also write one self-contained HTML page to OUT: both stamps, the table, "
+                      "and heatmaps of every failing array with its tolerance (needs "
+                      f"matplotlib: {html.INSTALL})")
 
-  p = sub.add_parser("record", help="run the batch and write a baseline")
+  p = sub.add_parser(
+      "record", help="run the batch and write a baseline",
+      description="Runs the batch and writes a baseline atomically.",
+      epilog="On a terminal, stderr shows the case running (case n/N); piped, nothing extra.")
   p.add_argument("--out", metavar="DIR",
                  help="baseline directory (default, in a source checkout only: the shipped one)")
   p.add_argument("--force", action="store_true", help="replace an existing baseline")
@@ -161,18 +178,19 @@ def _columns(stream: TextIO) -> int:
 class ProgressLine:
   """``check: case 17/104 max_k2s1_ties_zeros ...``, rewritten in place on one terminal line.
 
-  Each call returns to the start of the line (``\\r``) and overwrites what the
-  previous call wrote; :meth:`clear` blanks it. Text is cut to the terminal's
-  width, so the line never wraps (a wrapped line cannot be rewritten with ``\\r``).
+  ``label`` (``check: case``) comes first, then ``n/total`` and the name. Each
+  call returns to the start of the line (``\\r``) and overwrites what the previous
+  call wrote; :meth:`clear` blanks it. Text is cut to the terminal's width, so the
+  line never wraps (a wrapped line cannot be rewritten with ``\\r``).
   """
 
-  def __init__(self, stream: TextIO, command: str):
+  def __init__(self, stream: TextIO, label: str):
     self.stream = stream
-    self.command = command
+    self.label = label
     self._shown = 0
 
   def __call__(self, n: int, total: int, name: str) -> None:
-    text = f"{self.command}: case {n}/{total} {name} ..."[:max(_columns(self.stream) - 1, 1)]
+    text = f"{self.label} {n}/{total} {name} ..."[:max(_columns(self.stream) - 1, 1)]
     self.stream.write("\r" + text.ljust(self._shown))
     self.stream.flush()
     self._shown = len(text)
@@ -186,12 +204,12 @@ class ProgressLine:
 
 
 @contextlib.contextmanager
-def _progress(command: str) -> Iterator[ProgressLine | None]:
+def _progress(label: str | None) -> Iterator[ProgressLine | None]:
   """A progress line on stderr when it is a terminal (else None), cleared on the way out."""
-  if command not in ("check", "record") or not _is_terminal(sys.stderr):
+  if label is None or not _is_terminal(sys.stderr):
     yield None
     return
-  line = ProgressLine(sys.stderr, command)
+  line = ProgressLine(sys.stderr, label)
   try:
     yield line
   finally:
@@ -224,12 +242,18 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     The exit code.
   """
   args = _parser().parse_args(argv)
+  html_path = getattr(args, "html", None)
+  problem = _html_problem(html_path, args.json) if html_path is not None else None
+  if problem:
+    print(f"error: {problem}", file=sys.stderr)
+    return 2
   if getattr(args, "devices", None):
     code = _provide_devices(args.devices, argv, custom_batch=batch is not None)
     if code is not None:
       return code
   try:
-    with _progress(args.command) as progress:
+    label = f"{args.command}: case" if args.command in ("check", "record") else None
+    with _progress(label) as progress:
       report = run(args, batch, progress=progress)
   except Exception:  # noqa: BLE001 - an import or build failure: shown whole, exit 2
     traceback.print_exc()
@@ -239,7 +263,33 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
   _print(report, timing=getattr(args, "timing", False), json_path=args.json)
   if args.json:
     write_json(report, args.json)
+  if html_path is not None:
+    try:
+      with _progress("check --html: figure") as progress:
+        html.write_html(report, html_path, progress=progress)
+    except OSError as e:
+      print(f"error: --html {html_path}: could not write it ({e.strerror or e}); any earlier "
+            "file there is unchanged.", file=sys.stderr)
+      return 2
+    if not report.error:
+      print(f"(the HTML report, with heatmaps of every failing array, is in {html_path})")
   return report.exit_code
+
+
+def _html_problem(path: str, json_path: str | None) -> str | None:
+  """Why ``--html path`` cannot be written (one line), found before the batch runs."""
+  if not html.available():
+    return html.MISSING
+  out = Path(path)
+  if out.is_dir():
+    return f"--html {path}: is a directory; name the file to write."
+  if not out.parent.is_dir():
+    return f"--html {path}: directory {out.parent} does not exist."
+  if not os.access(out.parent, os.W_OK | os.X_OK):
+    return f"--html {path}: directory {out.parent} is not writable."
+  if json_path is not None and Path(json_path).resolve() == out.resolve():
+    return f"--html and --json name the same file ({path}); give each its own."
+  return None
 
 
 def with_device_count(flags: str, devices: int) -> str:

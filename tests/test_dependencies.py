@@ -11,6 +11,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Import names whose distribution is spelled otherwise.
 DISTRIBUTION = {"ml_dtypes": "ml-dtypes"}
 LOCAL = {"nnx_pool", "benchmarks", "conftest", "make_figures", "_sharding_worker"}
+# Installed code may import an optional extra's distribution only in the modules
+# named here, and only inside functions, so that the kit runs without the extra.
+OPTIONAL = {"matplotlib": ("report", ["regression/html.py"])}
 
 
 def _normalise(name: str) -> str:
@@ -53,6 +56,8 @@ def test_installed_code_imports_exactly_its_runtime_dependencies():
   imported = _imported(ROOT / "nnx_pool", ROOT / "regression")
   # The pytest plugin imports pytest, and only pytest loads the plugin: not a run-time need.
   imported.pop("pytest")
+  for dist in OPTIONAL:  # tested below
+    imported.pop(dist, None)
   declared = _declared()
   undeclared = {d: sorted(files) for d, files in imported.items() if d not in declared}
   assert undeclared == {}, f"imported but not in [project] dependencies: {undeclared}"
@@ -75,3 +80,17 @@ def test_tests_guides_and_benchmarks_import_only_declared_packages():
 def test_the_pytest_plugin_is_the_only_installed_module_importing_pytest():
   imported = _imported(ROOT / "nnx_pool", ROOT / "regression")
   assert sorted(imported.get("pytest", set())) == ["regression/pytest_plugin.py"]
+
+
+def test_optional_extras_are_imported_lazily_by_their_modules_alone():
+  imported = _imported(ROOT / "nnx_pool", ROOT / "regression")
+  for dist, (extra, files) in OPTIONAL.items():
+    assert dist in _declared(extra) - _declared(), f"{dist} is not an optional `{extra}` extra"
+    assert sorted(imported.get(dist, set())) == files
+    for file in files:
+      module = ast.parse((ROOT / file).read_text(), file)
+      top = {alias.name.split(".")[0] for node in module.body if isinstance(node, ast.Import)
+             for alias in node.names}
+      top |= {node.module.split(".")[0] for node in module.body
+              if isinstance(node, ast.ImportFrom) and node.module}
+      assert dist not in top, f"{file} imports {dist} at module level; import it where it is used"

@@ -373,7 +373,7 @@ def test_cli_prints_nothing_extra_when_stderr_is_not_a_terminal(baseline, capsys
 def test_progress_line_fits_the_terminal_and_overwrites_a_longer_line(monkeypatch):
   monkeypatch.setenv("COLUMNS", "24")  # io.StringIO has no terminal size: COLUMNS decides
   terminal = _Terminal()
-  line = cli.ProgressLine(terminal, "check")
+  line = cli.ProgressLine(terminal, "check: case")
   line(9, 104, "adaptive_avg_up_79_asym")
   line(10, 104, "se")
   line.clear()
