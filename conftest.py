@@ -6,6 +6,9 @@ compared with what the library really returns.
 """
 
 import doctest
+import os
+import shutil
+import tempfile
 
 import jax
 from sybil import Sybil
@@ -50,9 +53,44 @@ SLOW_FILES_FIRST = (
 )
 
 
+# One persistent XLA compilation cache for the whole run: the xdist workers and the
+# subprocesses that tests start (the `python -O` reruns, the device check's dry run,
+# the CLI and install checks) compile many of the same programs, and a program
+# compiled once is loaded from the cache by the other processes. It is made empty
+# at the start of the run and removed at its end, so nothing carries over between
+# runs; a JAX_COMPILATION_CACHE_DIR already set by the caller is used as it is.
+# Measured with `make test` on 2 cores: 450 s -> 423 s of test time.
+_CACHE_SETTINGS = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+}
+_OWN_CACHE: list[str] = []
+
+
+def _share_compilation_cache() -> None:
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE.append(tempfile.mkdtemp(prefix="nnx-pool-xla-cache-"))
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE[0]
+  for name, value in _CACHE_SETTINGS.items():
+    os.environ.setdefault(name, value)
+  # This process imported jax already: set its config too (workers and subprocesses
+  # read the variables when they import jax).
+  for name in ("JAX_COMPILATION_CACHE_DIR", *_CACHE_SETTINGS):
+    value = os.environ[name]
+    jax.config.update(name.lower(), value if name == "JAX_COMPILATION_CACHE_DIR" else
+                      float(value) if "SECS" in name else int(value))
+
+
 def pytest_configure(config):
   if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below
     config.option.loadscopereorder = False
+  if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+    _share_compilation_cache()
+
+
+def pytest_unconfigure(config):
+  for path in _OWN_CACHE:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
