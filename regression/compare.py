@@ -107,7 +107,7 @@ def _compare_exact_ints(actual: np.ndarray, expected: np.ndarray) -> Verdict:
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     message = (
         f"{mismatches} of {size} elements differ (first at {first}: "
-        f"{actual[first]!r} vs baseline {expected[first]!r})"
+        f"{actual[first].item()!r} vs baseline {expected[first].item()!r})"
     )
   return Verdict(
       mismatches == 0, float(diff.max()) if size else 0.0, float(rel.max()) if size else 0.0,
