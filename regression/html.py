@@ -48,7 +48,7 @@ MAX_FIGURES = 48
 _ANNOTATE = 12
 _DPI = 90
 _BAD = "#c8c8c8"  # NaN and +-inf cells
-_OUTLINE = "#0050c8"
+_OUTLINE = "#00a2ff"  # visible on white and on the darkest red
 
 _STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; color: #1d1d1f; margin: 24px auto;
@@ -397,7 +397,7 @@ def _outline(ax: Any, bad: np.ndarray) -> None:
   cells = [Rectangle((c - 0.5 + inset, r - 0.5 + inset), 1 - 2 * inset, 1 - 2 * inset)
            for r, c in zip(*np.nonzero(bad), strict=True)]
   if cells:
-    ax.add_collection(PatchCollection(cells, facecolor="none", edgecolor=_OUTLINE, linewidth=1.6))
+    ax.add_collection(PatchCollection(cells, facecolor="none", edgecolor=_OUTLINE, linewidth=2.2))
 
 
 def _tolerance_text(tol: Any, baseline: np.ndarray, integer: bool) -> str:
@@ -406,13 +406,13 @@ def _tolerance_text(tol: Any, baseline: np.ndarray, integer: bool) -> str:
             "that differ, with <i>baseline&rarr;new</i> written in them.")
   if tol.rule == "sum":
     return ("Tolerance: <code>sum exact</code>, totals per sample and channel must be equal; "
-            "outlined: the cells whose total differs.")
+            "outlined in blue: the cells whose total differs.")
   if tol.rule == "exact":
-    return "Tolerance: <code>exact</code>; outlined: every cell that differs."
+    return "Tolerance: <code>exact</code>; outlined in blue: every cell that differs."
   scale = np.abs(baseline[np.isfinite(baseline)])
   limit = ""
   if scale.size:
     lo, hi = tol.atol + tol.rtol * float(scale.min()), tol.atol + tol.rtol * float(scale.max())
     limit = f" (in this slice the limit runs from {lo:.3g} to {hi:.3g})"
-  return (f"Tolerance: <code>rtol={tol.rtol:g} atol={tol.atol:g}</code>; outlined: cells where "
-          f"|new &minus; baseline| &gt; atol + rtol&middot;|baseline|{limit}.")
+  return (f"Tolerance: <code>rtol={tol.rtol:g} atol={tol.atol:g}</code>; outlined in blue: "
+          f"cells where |new &minus; baseline| &gt; atol + rtol&middot;|baseline|{limit}.")
