@@ -311,7 +311,7 @@ def _figure(key: str, failed: FailedArray) -> tuple[str, str, str]:
   integer = not is_float(base.dtype)
 
   rows, cols = b2.shape
-  panel_h = min(max(2.9 * rows / cols, 0.45), 3.1)
+  panel_h = min(max(2.9 * rows / cols, 0.45), 3.1, 0.75 * rows)  # cells at most 0.75 in
   fig = Figure(figsize=(10, panel_h + 1.0), dpi=_DPI, layout="constrained")
   FigureCanvasAgg(fig)
   axes = fig.subplots(1, 3)
@@ -344,8 +344,8 @@ def _figure(key: str, failed: FailedArray) -> tuple[str, str, str]:
     fig.colorbar(image, ax=axes[2], shrink=0.9, pad=0.02)
     _outline(axes[2], bad2)
   for ax in axes:
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.tick_params(labelsize=8)
     if rows == 1:
       ax.set_yticks([])
@@ -356,9 +356,11 @@ def _figure(key: str, failed: FailedArray) -> tuple[str, str, str]:
   count = int(bad.sum())
   copy = f", copy {failed.copy[0]} of {failed.copy[1]} of the sharded run" if failed.copy else ""
   alt = f"{key}: baseline, new and difference of {where}"
+  whole = all(isinstance(i, slice) for i in index)
+  shown = "the whole array" if whole else (
+      f"the slice through the worst failing element {_e(worst)}")
   caption = [f"<b>{_e(key)}</b>: {count} of {bad.size} elements fail{_e(copy)}. "
-             f"Shown: <code>{_e(where)}</code>, the slice through the worst failing element "
-             f"{_e(worst)}."]
+             f"Shown: <code>{_e(where)}</code>, {shown}."]
   if not (np.isfinite(b2).all() and np.isfinite(n2).all()):
     caption.append("Grey cells are NaN or \u00b1inf.")
   caption.append(_tolerance_text(tol, b2, integer))
@@ -373,31 +375,31 @@ def _label_cells(ax: Any, data: np.ndarray, integer: bool, colour: Callable[[flo
   ``colour(value)`` is the cell's RGBA; the text is white on dark cells, black on light ones.
   """
   rows, cols = data.shape
-  small = rows <= _ANNOTATE and cols <= _ANNOTATE
-  for r in range(rows):
-    for c in range(cols):
-      value = data[r, c]
-      if not np.isfinite(value):
-        text, ink = ("nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")), "black"
-      elif integer and small:
-        red, green, blue, _ = colour(value)
-        text = f"{value:.0f}"
-        ink = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white"
-      else:
-        continue
-      ax.text(c, r, text, ha="center", va="center", fontsize=8, color=ink)
+  every = integer and rows <= _ANNOTATE and cols <= _ANNOTATE
+  for r, c in np.argwhere(np.ones_like(data, bool) if every else ~np.isfinite(data)):
+    value = data[r, c]
+    if not np.isfinite(value):
+      text, ink = ("nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")), "black"
+    else:
+      red, green, blue, _ = colour(value)
+      text = f"{value:.0f}"
+      ink = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white"
+    ax.text(c, r, text, ha="center", va="center", fontsize=8, color=ink)
 
 
 def _outline(ax: Any, bad: np.ndarray) -> None:
-  """Outlines the failing cells."""
-  from matplotlib.collections import PatchCollection
-  from matplotlib.patches import Rectangle
+  """Draws the border of the failing cells: every cell edge between a failing and a passing
+  cell (or the map's edge), so a block of failing cells gets one outline at any map size."""
+  from matplotlib.collections import LineCollection
 
-  inset = 0.06  # so that two outlined neighbours show two boxes, not a grid
-  cells = [Rectangle((c - 0.5 + inset, r - 0.5 + inset), 1 - 2 * inset, 1 - 2 * inset)
-           for r, c in zip(*np.nonzero(bad), strict=True)]
-  if cells:
-    ax.add_collection(PatchCollection(cells, facecolor="none", edgecolor=_OUTLINE, linewidth=2.2))
+  padded = np.pad(bad, 1)
+  vertical = padded[1:-1, 1:] != padded[1:-1, :-1]  # (rows, cols + 1): the edge left of (r, c)
+  horizontal = padded[1:, 1:-1] != padded[:-1, 1:-1]  # (rows + 1, cols): the edge above (r, c)
+  edges = [((c - 0.5, r - 0.5), (c - 0.5, r + 0.5)) for r, c in np.argwhere(vertical)]
+  edges += [((c - 0.5, r - 0.5), (c + 0.5, r - 0.5)) for r, c in np.argwhere(horizontal)]
+  if edges:
+    # Not clipped: a failing cell on the map's edge keeps the half of its border outside.
+    ax.add_collection(LineCollection(edges, colors=_OUTLINE, linewidths=2.2, clip_on=False))
 
 
 def _tolerance_text(tol: Any, baseline: np.ndarray, integer: bool) -> str:
@@ -408,11 +410,11 @@ def _tolerance_text(tol: Any, baseline: np.ndarray, integer: bool) -> str:
     return ("Tolerance: <code>sum exact</code>, totals per sample and channel must be equal; "
             "outlined in blue: the cells whose total differs.")
   if tol.rule == "exact":
-    return "Tolerance: <code>exact</code>; outlined in blue: every cell that differs."
+    return "Tolerance: <code>exact</code>; outlined in blue: the cells that differ."
   scale = np.abs(baseline[np.isfinite(baseline)])
   limit = ""
   if scale.size:
     lo, hi = tol.atol + tol.rtol * float(scale.min()), tol.atol + tol.rtol * float(scale.max())
     limit = f" (in this slice the limit runs from {lo:.3g} to {hi:.3g})"
   return (f"Tolerance: <code>rtol={tol.rtol:g} atol={tol.atol:g}</code>; outlined in blue: "
-          f"cells where |new &minus; baseline| &gt; atol + rtol&middot;|baseline|{limit}.")
+          f"the cells where |new &minus; baseline| &gt; atol + rtol&middot;|baseline|{limit}.")

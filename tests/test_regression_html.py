@@ -103,7 +103,7 @@ def test_html_names_the_failing_case_its_slice_and_tolerance(checked):
   assert "output: 1 of 18 elements differ (first at (0, 1, 2, 1)" in avg
   # The slice through the failing element: sample 0, channel 1 of the (1, 3, 3, 2) output.
   assert "Shown: <code>output[0, :, :, 1] (sample 0, channel 1)</code>" in avg
-  assert "<code>rtol=1e-06 atol=1e-06</code>; outlined in blue: cells where |new" in avg
+  assert "<code>rtol=1e-06 atol=1e-06</code>; outlined in blue: the cells where |new" in avg
   indices = _section(checked["page"], "max_k2_indices_bf16_one")
   assert "Shown: <code>indices[0, :, :, 0] (sample 0, channel 0)</code>" in indices
   assert "the right panel marks the cells that differ" in indices
