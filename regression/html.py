@@ -42,7 +42,7 @@ from nnx_pool.regression.tolerance import is_float
 
 INSTALL = "pip install 'nnx-pool[report]'"
 MISSING = f"--html needs matplotlib: {INSTALL}"
-# A page draws at most this many arrays (about 15 KB and 0.2 s each); the rest are named.
+# A page draws at most this many arrays (about 25 KB of page and 0.2 s each); the rest are named.
 MAX_FIGURES = 48
 # Slices up to this many rows and columns get their integer values written in the cells.
 _ANNOTATE = 12
