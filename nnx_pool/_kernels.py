@@ -6,7 +6,12 @@ the elementwise reduction over them into one loop. Each view is spelt one of
 two ways (:func:`taps`): a stride phase shifted by a small pad, which XLA CPU
 fuses when the views have one consumer (sums, a max or min without offsets),
 or a slice of one shared padded copy, when they feed both the values and the
-window offsets (a differentiated max or min, or ``return_indices``).
+window offsets (a differentiated max or min, or ``return_indices``). XLA CPU
+computes those two in separate loops and materialises the padded copy, so
+where only the first windows of a dim reach padding (the ResNet stem's 3x3/2
+pad 1 on an even map) the outputs are split into boxes
+(:func:`_arg_select_boxes`): the interior reads plain strided slices of the
+input, which both loops read in place, and only the thin borders pad a slab.
 
 Backward: the adjoint of "gather every tap" is "scatter every output back to
 its taps". Written naively (the transpose of a strided slice is a pad with
@@ -317,6 +322,103 @@ def _arg_select(
   return best, arg
 
 
+def _interior(d: DimGeometry) -> tuple[int, int]:
+  """The output positions ``[a, b)`` whose every tap reads a real cell (``a == b``: none)."""
+  a = min(-(-d.pad_low // d.stride), d.out)
+  b = (d.length - d.effective_window + d.pad_low) // d.stride + 1
+  return a, max(a, min(b, d.out))
+
+
+def _boxes(geom: Geometry) -> list[tuple[tuple[int, int], ...]]:
+  """Output boxes, ``[q0, q1)`` per dim, that partition an output with no high border.
+
+  The low border of each dim in turn, over the interior of the dims before it
+  and all of the dims after it, then the interior, where every tap of every
+  window reads a real cell: at most ``ndim + 1`` boxes.
+  """
+  inner = [_interior(d) for d in geom.dims]
+  boxes = []
+  for axis, (a, _) in enumerate(inner):
+    box = (*inner[:axis], (0, a), *((0, d.out) for d in geom.dims[axis + 1:]))
+    if all(q1 > q0 for q0, q1 in box):
+      boxes.append(box)
+  if all(b > a for a, b in inner):
+    boxes.append(tuple(inner))
+  return boxes
+
+
+def _box_input(
+    x: jax.Array, geom: Geometry, box: tuple[tuple[int, int], ...]
+) -> tuple[jax.Array, Geometry]:
+  """The input cells that a box of outputs reads, and the box's windows over them.
+
+  The slab is a slice of ``x``; its geometry pads it by what the box's taps
+  reach past the input, so an interior box reads plain strided slices of ``x``.
+  """
+  dims, start, limit = [], [0], [x.shape[0]]
+  for (q0, q1), d in zip(box, geom.dims, strict=True):
+    first = q0 * d.stride - d.pad_low
+    end = (q1 - 1) * d.stride + d.effective_window - d.pad_low
+    lo, hi = max(first, 0), min(end, d.length)
+    dims.append(DimGeometry(hi - lo, d.window, d.stride, d.dilation, lo - first, end - hi,
+                            q1 - q0))
+    start.append(lo)
+    limit.append(hi)
+  start.append(0)
+  limit.append(x.shape[-1])
+  return lax.slice(x, start, limit), Geometry(tuple(dims))
+
+
+def _box_mask(geom: Geometry, box: tuple[tuple[int, int], ...]) -> jax.Array:
+  """Whether each output position lies in ``box``, shape ``(1, *out, 1)``."""
+  inside = None
+  ndim = len(geom.dims) + 2
+  for axis, ((q0, q1), d) in enumerate(zip(box, geom.dims, strict=True), start=1):
+    shape = [1] * ndim
+    shape[axis] = d.out
+    pos = lax.broadcasted_iota(jnp.int32, tuple(shape), axis)
+    here = (pos >= q0) & (pos < q1)
+    inside = here if inside is None else inside & here
+  return inside
+
+
+def _arg_select_boxes(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
+  """:func:`_arg_select`, box by box (:func:`_boxes`): the same values and offsets.
+
+  Values and offsets are two loops for XLA:CPU (no multi-output fusion), so the
+  taps have two consumers and are not fused into both: per-tap pads would each
+  be materialised, and one padded copy of the input (``shared_pad``) is
+  materialised too. Here the interior's taps are strided slices of the input,
+  which XLA reads in place from both loops, and only the thin borders pad a
+  slab of their own. Each box's results are padded to the output and selected
+  by the box's mask: pads and selects, which keep a spatial sharding.
+  """
+  inner = [_interior(d) for d in geom.dims]
+  if all(a == 0 for a, _ in inner) or any(b < d.out for (_, b), d in zip(inner, geom.dims,
+                                                                           strict=True)):
+    # No low border: no tap reads padding, and the taps are strided slices of x
+    # already. A high border: its slab would be a slice at the far end of its dim,
+    # which the SPMD partitioner moves with an all-reduce when that dim is split
+    # over devices; such windows read one padded copy instead.
+    return _arg_select(x, geom, kind, shared_pad=True)
+  boxes = _boxes(geom)
+  fill = identity(x.dtype, kind)
+  values = arg = None
+  for box in boxes:
+    slab, sub = _box_input(x, geom, box)
+    v, a = _arg_select(slab, sub, kind, shared_pad=True)
+    config = [(0, 0, 0), *((q0, d.out - q1, 0) for (q0, q1), d in zip(box, geom.dims,
+                                                                          strict=True)), (0, 0, 0)]
+    v = lax.pad(v, jnp.asarray(fill, v.dtype), config)
+    a = lax.pad(a, jnp.zeros((), a.dtype), config)
+    if values is None:
+      values, arg = v, a
+    else:
+      inside = _box_mask(geom, box)
+      values, arg = jnp.where(inside, v, values), jnp.where(inside, a, arg)
+  return values, arg
+
+
 def _phases(geom: Geometry):
   """Per dim: the phase count ``Q``, and per phase ``r`` the ``(tap, shift)`` pairs feeding it.
 
@@ -512,25 +614,30 @@ def window_sum(x: jax.Array, geom: Geometry, implementation: str = "taps") -> ja
   return _window_sum(x, geom)
 
 
-def _shares_pad(geom: Geometry, with_offsets: bool) -> bool:
-  """Whether an arg-select's taps read one padded copy (see :func:`taps`)."""
-  return with_offsets or geom.size > PER_TAP_PAD_LIMIT
+def _select_forward(
+    x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool
+) -> tuple[jax.Array, jax.Array]:
+  """The arg-select as each use is fastest: box by box when the offsets are used (the
+  values and offsets loops then read the same taps), else the values' one loop through
+  per-tap pads, or one padded copy over :data:`PER_TAP_PAD_LIMIT` taps (XLA drops the
+  unused offsets). The results are the same."""
+  if with_offsets:
+    return _arg_select_boxes(x, geom, kind)
+  return _arg_select(x, geom, kind, shared_pad=geom.size > PER_TAP_PAD_LIMIT)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
 def _window_select(
     x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool
 ) -> tuple[jax.Array, jax.Array]:
-  # Undifferentiated: the offsets are computed only when asked for (else XLA drops
-  # them), and the taps are spelt for one consumer unless both outputs are used or
-  # the window is over PER_TAP_PAD_LIMIT taps (_shares_pad).
-  return _arg_select(x, geom, kind, shared_pad=_shares_pad(geom, with_offsets))
+  # Undifferentiated: the offsets are computed only when asked for.
+  return _select_forward(x, geom, kind, with_offsets)
 
 
 @_window_select.defjvp
 def _window_select_jvp(geom, kind, with_offsets, primals, tangents):
   (x,), (t,) = primals, tangents
-  values, arg = _arg_select(x, geom, kind, shared_pad=True)  # the tangent needs the offsets
+  values, arg = _arg_select_boxes(x, geom, kind)  # the tangent needs the offsets
   return (values, arg), (_gather(t, geom, arg), np.zeros(arg.shape, jax.dtypes.float0))
 
 
@@ -667,7 +774,7 @@ def select(
     return _separable_select(x, geom, kind, differentiable=floating)
   if floating:
     return _window_select(x, geom, kind, with_offsets)
-  return _arg_select(x, geom, kind, shared_pad=_shares_pad(geom, with_offsets))
+  return _select_forward(x, geom, kind, with_offsets)
 
 
 @kernel(static_argnums=1)

@@ -115,6 +115,48 @@ def test_both_tap_spellings_read_the_same_cells(length, window, stride, dilation
     np.testing.assert_array_equal(a, b, err_msg=f"tap {j}")
 
 
+# Windows whose padding only the first outputs of a dim reach (a low border): the
+# offsets are computed box by box there. (window, strides, padding, dilation, shape)
+LOW_BORDER = {
+    "3x3/2 p1 (the ResNet stem)": ((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1), (2, 8, 10, 3)),
+    "3/2 p1, 1-D": ((3,), (2,), ((1, 1),), (1,), (2, 12, 2)),
+    "3x3x3/2 p1": ((3, 3, 3), (2, 2, 2), ((1, 1),) * 3, (1, 1, 1), (1, 6, 8, 4, 2)),
+    "2x2 dilation 2 p1 /2": ((2, 2), (2, 2), ((1, 1), (1, 1)), (2, 2), (1, 8, 6, 2)),
+    "3x3/1 low pads only": ((3, 3), (1, 1), ((1, 0), (1, 0)), (1, 1), (1, 7, 6, 2)),
+    "4x3/3 p(2,0)": ((4, 3), (3, 1), ((2, 0), (1, 0)), (1, 1), (1, 12, 5, 2)),
+    "one padded dim": ((3, 2), (2, 2), ((1, 1), (0, 0)), (1, 1), (1, 10, 8, 2)),
+    "5x5/2 p(2,0)": ((5, 5), (2, 2), ((2, 0), (2, 0)), (1, 1), (1, 11, 12, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(LOW_BORDER))
+def test_box_by_box_select_equals_the_padded_copy_bit_for_bit(case):
+  window, strides, padding, dilation, shape = LOW_BORDER[case]
+  geom = Window.create(window, strides, padding, dilation=dilation).resolve(shape[1:-1])
+  assert all(K._interior(d)[1] == d.out for d in geom.dims), "a high border"
+  boxes = K._boxes(geom)
+  # The boxes partition the output: every position in exactly one.
+  cover = np.zeros(geom.out_shape, np.int64)
+  for box in boxes:
+    cover[tuple(slice(q0, q1) for q0, q1 in box)] += 1
+  np.testing.assert_array_equal(cover, 1)
+  # The last box is the interior: every tap of its windows on a real cell.
+  for (q0, q1), d in zip(boxes[-1], geom.dims, strict=True):
+    assert (d.real_count()[q0:q1] == d.window).all(), case
+  assert len(boxes) > 1, "not a low-border case"
+  for kind in ("max", "min"):
+    boxed = jax.jit(K._arg_select_boxes, static_argnums=(1, 2))
+    padded = jax.jit(functools.partial(K._arg_select, shared_pad=True), static_argnums=(1, 2))
+    for name, x in _inputs(shape, seed=14).items():
+      if name == "int8":  # int32 stands for the integers: one compile fewer per case
+        continue
+      values, offsets = boxed(x, geom, kind)
+      want_values, want_offsets = padded(x, geom, kind)
+      np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values), err_msg=name)
+      np.testing.assert_array_equal(np.asarray(offsets), np.asarray(want_offsets), err_msg=name)
+      assert offsets.dtype == want_offsets.dtype, name
+
+
 def test_dispatch_on_tap_count():
   """Over UNROLL_LIMIT taps the public kernels are separable; at or under it, unrolled."""
   assert all(_geom(case).size > K.UNROLL_LIMIT for case in IDS if case != "12x5-ceil-pad")
