@@ -52,17 +52,44 @@ def _check_divisor_override(value) -> int | None:
 # ----------------------------------------------------------------------------
 
 
-def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name):
-  x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
-  geom = window.resolve(x.shape[1:-1])
+# The arithmetic around the window kernels runs in one compiled program per call
+# signature too (kernel() jits with the static arguments), so an eager call is one
+# dispatch, not one per operation.
+
+
+@_kernels.kernel(static_argnums=(1, 2, 3, 4))
+def _average(x, geom, count_include_pad: bool, divisor_override, implementation: str):
   total = _kernels.window_sum(x.astype(_kernels.accumulation_dtype(x.dtype)), geom,
-                              current_implementation())
+                              implementation)
   if divisor_override is not None:
     divisor = np.asarray(divisor_override)
   else:
     divisor = geom.divisor(count_include_pad=count_include_pad)
-  y = _kernels.true_divide(total, _spatial(divisor)).astype(x.dtype)
-  return y if batched else y[0]
+  return _kernels.true_divide(total, _spatial(divisor)).astype(x.dtype)
+
+
+@_kernels.kernel(static_argnums=(1, 2, 3, 4))
+def _extremum(x, geom, kind: _kernels.Kind, return_indices: bool, implementation: str):
+  values, arg = _kernels.select(x, geom, kind, return_indices, implementation)
+  return (values, _kernels.flat_indices(arg, geom)) if return_indices else values
+
+
+@_kernels.kernel(static_argnums=(1, 2, 3, 4))
+def _lp_norm(x, geom, norm_type: float, size: int, implementation: str):
+  p = norm_type
+  xa = x.astype(_kernels.accumulation_dtype(x.dtype))
+  powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
+  # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
+  cells = _spatial(geom.divisor(count_include_pad=True))
+  mean = _kernels.true_divide(_kernels.window_sum(powered, geom, implementation), cells)
+  return jnp.power(mean * float(size), 1.0 / p).astype(x.dtype)
+
+
+def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name):
+  x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
+  geom = window.resolve(x.shape[1:-1])
+  y = _average(x, geom, count_include_pad, divisor_override, current_implementation())
+  return unbatch(y, batched)
 
 
 def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, in_features,
@@ -72,22 +99,14 @@ def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, i
     check_plane_indexable(
         x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
   geom = window.resolve(x.shape[1:-1])
-  values, arg = _kernels.select(x, geom, kind, return_indices, current_implementation())
-  out = (values, _kernels.flat_indices(arg, geom)) if return_indices else values
-  return unbatch(out, batched)
+  return unbatch(_extremum(x, geom, kind, return_indices, current_implementation()), batched)
 
 
 def _lp(inputs, window: Window, norm_type: float, in_features, name):
   x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
   geom = window.resolve(x.shape[1:-1])
-  p = norm_type
-  xa = x.astype(_kernels.accumulation_dtype(x.dtype))
-  powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
-  # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
-  cells = _spatial(geom.divisor(count_include_pad=True))
-  mean = _kernels.true_divide(_kernels.window_sum(powered, geom, current_implementation()), cells)
-  y = jnp.power(mean * float(window.size), 1.0 / p).astype(x.dtype)
-  return y if batched else y[0]
+  y = _lp_norm(x, geom, norm_type, window.size, current_implementation())
+  return unbatch(y, batched)
 
 
 # ----------------------------------------------------------------------------
