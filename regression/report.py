@@ -165,6 +165,19 @@ class Report:
       counts[row.status] = counts.get(row.status, 0) + 1
     return counts
 
+  @classmethod
+  def from_json(cls, data: Mapping[str, Any]) -> Report:
+    """The report that :meth:`to_json` wrote (rows without :attr:`Row.failed`, which JSON lacks).
+
+    Raises:
+      KeyError, TypeError, ValueError: ``data`` is not such a report.
+    """
+    rows = [Row(**{**r, "max_abs": _float(r["max_abs"]), "max_rel": _float(r["max_rel"])})
+            for r in data["rows"]]
+    timings = [Timing(**{k: v for k, v in t.items() if k != "changed"}) for t in data["timings"]]
+    fields = {f.name for f in dataclasses.fields(cls)} - {"rows", "timings"}
+    return cls(**{k: v for k, v in data.items() if k in fields}, rows=rows, timings=timings)
+
   def to_json(self) -> dict[str, Any]:
     """The report as a JSON-safe dict."""
     return {
@@ -185,6 +198,11 @@ class Report:
         "stamp": self.stamp,
         "baseline_stamp": self.baseline_stamp,
     }
+
+
+def _float(value: float | str | None) -> float | None:
+  """The inverse of :func:`~nnx_pool.regression.compare.json_float` (``"inf"`` -> inf)."""
+  return None if value is None else float(value)
 
 
 def write_json(report: Report, path: str | Path) -> None:

@@ -83,6 +83,17 @@ def git_revision(where: str | os.PathLike | None = None) -> dict[str, Any]:
   return {"revision": rev, "dirty": bool(status) if status is not None else None}
 
 
+def installed_versions() -> dict[str, str | None]:
+  """The versions a stamp records: python's and each stamped distribution's (None: not installed).
+
+  Read from package metadata, without importing anything.
+  """
+  versions = {"python": platform.python_version()}
+  for dist, key in _PACKAGES:
+    versions[key] = _version(dist)
+  return versions
+
+
 def collect_stamp(git_dir: str | os.PathLike | None = None) -> dict[str, Any]:
   """Collects the stamp of the running environment (imports JAX).
 
@@ -96,9 +107,7 @@ def collect_stamp(git_dir: str | os.PathLike | None = None) -> dict[str, Any]:
   """
   import jax
 
-  versions = {"python": platform.python_version()}
-  for dist, key in _PACKAGES:
-    versions[key] = _version(dist)
+  versions = installed_versions()
   devices = jax.devices()
   backend = {
       "platform": devices[0].platform,

@@ -1,5 +1,7 @@
 """Tests for the report's stamp headers and its quiet timing section, and for unknown values."""
 
+import json
+
 import pytest
 
 from nnx_pool.regression import cli, stamp
@@ -115,3 +117,19 @@ def test_json_is_named_only_when_written():
 def test_cli_timing_flag_is_parsed():
   assert cli._parser().parse_args(["check", "--timing"]).timing is True
   assert cli._parser().parse_args(["check"]).timing is False
+
+
+def test_from_json_reads_back_what_to_json_wrote():
+  # rehearse reads the report its check wrote in the other environment.
+  report = Report(
+      command="check", exit_code=1, baseline="base", stamp=STAMP_B, baseline_stamp=STAMP_A,
+      rows=[Row("a", "FAIL", float("inf"), 0.5, "exact", ["output: differs"],
+                {"output": {"max_abs": "inf"}}), Row("b", "PASS", 0.0, None, "exact")],
+      stamp_changes=["jax 0.10.2 -> 0.9.2"], recorded="2026-12-03", notes=["n"], dry_run=False,
+      timings=_timings(2),
+  )
+  back = Report.from_json(json.loads(json.dumps(report.to_json())))
+  assert back == report
+  assert render(back) == render(report)
+  with pytest.raises(KeyError):
+    Report.from_json({"command": "check"})
