@@ -21,6 +21,10 @@ the non-finite values are the point.
 Options:
 
 * ``--nnx-regression-update`` rewrites the baselines of the tests that run.
+* ``NNX_REGRESSION_CHECK_ONLY=1`` in the environment (:data:`CHECK_ONLY_ENV`) forbids
+  writing: a missing baseline fails its test and nothing is written, and
+  ``--nnx-regression-update`` is a usage error. ``rehearse --pytest`` runs your tests
+  this way, so that a rehearsal never records a baseline.
 
 At the end of a session, the terminal summary lists baselines written or
 updated, and baselines next to the test modules that ran which no test used
@@ -32,6 +36,7 @@ Register with the ``pytest11`` entry point, or ``-p nnx_pool.regression.pytest_p
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -41,11 +46,14 @@ import pytest
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 KIND = "pytest"
 DIRNAME = "_regression"
+# Set (to anything but "" or "0") to compare only, never write a baseline.
+CHECK_ONLY_ENV = "NNX_REGRESSION_CHECK_ONLY"
 
 
 @dataclasses.dataclass
 class _SessionState:
   update: bool
+  check_only: bool = False
   used: dict[Path, str] = dataclasses.field(default_factory=dict)
   written: list[Path] = dataclasses.field(default_factory=list)
   updated: list[Path] = dataclasses.field(default_factory=list)
@@ -66,8 +74,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
   )
 
 
+def check_only() -> bool:
+  """Whether :data:`CHECK_ONLY_ENV` forbids writing baselines in this process."""
+  return os.environ.get(CHECK_ONLY_ENV, "") not in ("", "0")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-  config.stash[_STATE] = _SessionState(update=bool(config.getoption("nnx_regression_update")))
+  update = bool(config.getoption("nnx_regression_update"))
+  if update and check_only():
+    raise pytest.UsageError(
+        f"--nnx-regression-update writes baselines, and {CHECK_ONLY_ENV}="
+        f"{os.environ[CHECK_ONLY_ENV]} forbids it; drop one of the two.")
+  config.stash[_STATE] = _SessionState(update=update, check_only=check_only())
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
@@ -185,6 +203,13 @@ class Regression:
       self._state.stamp = collect_stamp(git_dir=self._request.config.rootpath)
     run = _fixture_core.execute(module_or_fn, inputs, rtol=rtol, atol=atol)
     exists = (path / "manifest.json").exists()
+    if not exists and self._state.check_only:
+      pytest.fail(
+          f"nnx_regression: no baseline for {name!r} at {path}, and none was written "
+          f"({CHECK_ONLY_ENV} is set: compare only). Record it in your own environment: "
+          "run the test once without it.",
+          pytrace=False,
+      )
     if self._state.update or not exists:
       nonfinite = None if allow_nonfinite else _fixture_core.nonfinite_outputs(run)
       if nonfinite:

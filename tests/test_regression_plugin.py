@@ -140,6 +140,35 @@ def test_plugin_update_flag_rewrites_baselines(pytester):
   pytester.runpytest(*PLUGIN).assert_outcomes(passed=2)
 
 
+def test_plugin_check_only_compares_and_never_writes(pytester, monkeypatch):
+  # NNX_REGRESSION_CHECK_ONLY is how `rehearse --pytest` runs a user's tests.
+  _write(pytester)
+  monkeypatch.setenv("NNX_REGRESSION_CHECK_ONLY", "1")
+  result = pytester.runpytest(*PLUGIN, "-k", "pool")
+  result.assert_outcomes(failed=1)
+  result.stdout.fnmatch_lines([
+      "*nnx_regression: no baseline for 'pool' at *pool, and none was written "
+      "(NNX_REGRESSION_CHECK_ONLY is set: compare only). Record it in your own environment: "
+      "run the test once without it.",
+  ])
+  assert not (pytester.path / "_regression").exists()
+  monkeypatch.setenv("NNX_REGRESSION_CHECK_ONLY", "0")  # "0" and "" mean off
+  pytester.runpytest(*PLUGIN, "-k", "pool").assert_outcomes(failed=1)  # written now
+  monkeypatch.setenv("NNX_REGRESSION_CHECK_ONLY", "1")
+  pytester.runpytest(*PLUGIN, "-k", "pool").assert_outcomes(passed=1)
+
+
+def test_plugin_check_only_refuses_the_update_flag(pytester, monkeypatch):
+  _write(pytester)
+  monkeypatch.setenv("NNX_REGRESSION_CHECK_ONLY", "1")
+  result = pytester.runpytest(*PLUGIN, "--nnx-regression-update")
+  assert result.ret == pytest.ExitCode.USAGE_ERROR
+  result.stderr.fnmatch_lines([
+      "*--nnx-regression-update writes baselines, and NNX_REGRESSION_CHECK_ONLY=1 forbids it; "
+      "drop one of the two.",
+  ])
+
+
 def test_plugin_reports_unused_baselines_at_the_end(pytester):
   _write(pytester)
   pytester.runpytest(*PLUGIN)
