@@ -94,6 +94,13 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+  # Tests marked `rehearsal` install real wheels from the registry (minutes, the network):
+  # left out unless -m names them (`make test-rehearsal` runs `-m rehearsal`).
+  if "rehearsal" not in (config.option.markexpr or ""):
+    rehearsals = [item for item in items if item.get_closest_marker("rehearsal")]
+    if rehearsals:
+      config.hook.pytest_deselected(items=rehearsals)
+      items[:] = [item for item in items if not item.get_closest_marker("rehearsal")]
   rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
   root = config.rootpath
   def file_rank(item):

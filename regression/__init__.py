@@ -3,7 +3,9 @@
 * ``python -m nnx_pool.regression check`` (or ``nnx-pool-regression check``) runs the
   canonical batch (:mod:`nnx_pool.regression.batch`) and compares it with the shipped
   baseline; ``record``, ``diff`` and ``info`` complete the CLI
-  (:mod:`nnx_pool.regression.cli`).
+  (:mod:`nnx_pool.regression.cli`). ``rehearse jax==0.9.2`` runs ``check`` in a throwaway
+  environment with other versions, leaving this one as it is
+  (:mod:`nnx_pool.regression.rehearse`).
 * :mod:`nnx_pool.regression.pytest_plugin` gives users' tests an ``nnx_regression``
   fixture over the same baseline format.
 

@@ -19,18 +19,30 @@ Commands:
   and only in a source checkout: an installed package is never written.
 * ``diff A B [--json OUT]``: compares two recorded baselines.
 * ``info [--json OUT]``: prints the current environment stamp.
+* ``rehearse REQ... [--baseline DIR] [--json OUT] [--html OUT] [--timing] [-k PATTERN]
+  [--dry-run] [--no-cache] [--pytest PATH...]``: runs ``check`` in a throwaway
+  virtual environment that holds this nnx-pool and its dependencies at the versions
+  installed here, except what the pip requirements REQ name (``jax==0.9.2``), against
+  a baseline of this environment, and prints the same report, the versions it changed
+  marked ``(rehearsal)``. This environment is never modified. Environments are cached
+  per requirement set (:func:`nnx_pool.regression.rehearse.cache_root`). ``--pytest``
+  also runs your ``nnx_regression`` tests there, comparing only. See
+  :mod:`nnx_pool.regression.rehearse`.
 
 On a terminal, ``check`` and ``record`` show which case runs (``check: case 17/104
 max_k2s1_ties_zeros ...``) on one line of stderr that is rewritten in place and cleared
 at the end; when stderr is not a terminal (piped, redirected, CI) nothing extra is
-printed.
+printed. ``rehearse`` shows its steps there (``rehearse: step 2/3 installing ...``).
 
 Exit codes: 0 everything passed; 1 a number moved, an error case stopped
 raising, a case failed to run, or the baseline is out of date (NEW, GONE,
 STALE cases); 2 the batch could not be imported or built (with its
 traceback), the baseline is missing, damaged, of a newer format, or may not
 be written (including a full disk), or too few devices, with a one-line
-reason on stderr.
+reason on stderr. ``rehearse`` exits with ``check``'s code, or 2 with a one-line
+reason naming the requirement pip could not install; with ``--pytest``, with the worse
+of that and pytest's (failed tests 1; no tests collected, a usage error or an
+interrupted run 2).
 
 The batch (and with it ``nnx_pool`` and JAX) is imported inside :func:`main`,
 so that a failure to import it is reported with exit code 2, not mistaken
@@ -50,7 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from nnx_pool.regression import html
+from nnx_pool.regression import html, rehearse
 from nnx_pool.regression.report import Report, render, write_json
 from nnx_pool.regression.stamp import SHIPPED, source_checkout
 
@@ -120,6 +132,39 @@ def _parser() -> argparse.ArgumentParser:
 
   p = sub.add_parser("info", help="print the current environment stamp")
   add_json(p)
+
+  p = sub.add_parser(
+      "rehearse", help="run check in a throwaway environment with other versions",
+      description="Runs check in a throwaway virtual environment: this nnx-pool and its "
+                  "dependencies at the versions installed here, except what REQ names, "
+                  "against a baseline of this environment. This environment is never "
+                  "modified.",
+      epilog="A jax or jaxlib pinned with == brings the other to the same version; name both "
+             "to choose each. A bare name (optax) adds that package at this environment's "
+             "version. Environments are cached per requirement set in "
+             "$NNX_POOL_CACHE/rehearse, else $XDG_CACHE_HOME/nnx-pool/rehearse, else "
+             "~/.cache/nnx-pool/rehearse (delete it to clear). On a terminal, stderr shows "
+             "each step (create, install, run). Exit codes: those of check; 2 when pip cannot "
+             "install a requirement; with --pytest, the worse of check's and pytest's.")
+  p.add_argument("requirements", metavar="REQ", nargs="+",
+                 help="a pip requirement to apply over this environment, e.g. jax==0.9.2")
+  p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
+                 help="baseline directory here (default: the shipped baseline)")
+  p.add_argument("-k", dest="pattern", metavar="PATTERN",
+                 help="only cases whose name contains PATTERN or matches it as a glob")
+  p.add_argument("--dry-run", action="store_true", help="report drift but exit 0")
+  p.add_argument("--timing", action="store_true",
+                 help="list every case whose compile or steady time moved")
+  add_json(p)
+  p.add_argument("--html", metavar="OUT",
+                 help="also write check's HTML page to OUT (matplotlib is installed in the "
+                      "rehearsal environment, not here)")
+  p.add_argument("--no-cache", dest="cache", action="store_false",
+                 help="build a throwaway environment and remove it afterwards; the cache is "
+                      "neither read nor written")
+  p.add_argument("--pytest", metavar="PATH", nargs="+", default=[],
+                 help="also run python -m pytest PATH... there with NNX_REGRESSION_CHECK_ONLY=1 "
+                      "(the nnx_regression fixture compares and never records); give it last")
   return parser
 
 
@@ -243,10 +288,14 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
   """
   args = _parser().parse_args(argv)
   html_path = getattr(args, "html", None)
-  problem = _html_problem(html_path, args.json) if html_path is not None else None
+  problem = None
+  if html_path is not None:  # a rehearsal draws its page in its own environment
+    problem = _html_problem(html_path, args.json, here=args.command != "rehearse")
   if problem:
     print(f"error: {problem}", file=sys.stderr)
     return 2
+  if args.command == "rehearse":
+    return _rehearse(args)
   if getattr(args, "devices", None):
     code = _provide_devices(args.devices, argv, custom_batch=batch is not None)
     if code is not None:
@@ -276,9 +325,26 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
   return report.exit_code
 
 
-def _html_problem(path: str, json_path: str | None) -> str | None:
-  """Why ``--html path`` cannot be written (one line), found before the batch runs."""
-  if not html.available():
+def _rehearse(args: argparse.Namespace) -> int:
+  """``rehearse``: prints the report of check in the rehearsal environment; the exit code."""
+  with _progress("rehearse: step") as progress:
+    report = rehearse.rehearse(
+        args.requirements, baseline=args.baseline, pattern=args.pattern, dry_run=args.dry_run,
+        html=args.html, pytest_paths=args.pytest, cache=args.cache, progress=progress)
+  _print(report, timing=args.timing, json_path=args.json)
+  if args.json:
+    write_json(report, args.json)
+  if args.html is not None and not report.error and Path(args.html).is_file():
+    print(f"(the HTML report, with heatmaps of every failing array, is in {args.html})")
+  return report.exit_code
+
+
+def _html_problem(path: str, json_path: str | None, *, here: bool = True) -> str | None:
+  """Why ``--html path`` cannot be written (one line), found before the batch runs.
+
+  ``here``: the page is drawn in this process, which then needs matplotlib.
+  """
+  if here and not html.available():
     return html.MISSING
   out = Path(path)
   if out.is_dir():
