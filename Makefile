@@ -3,6 +3,7 @@
 #   make check   the regression check against the shipped baseline
 #   make test    the whole test suite
 # and, for maintainers: make test-quick (the suite without the tests marked slow),
+# make test-rehearsal (rehearse jax 0.9.2 against the shipped baseline, with real wheels),
 # make lint (ruff), make baseline (re-record the shipped baseline), make bench.
 # EXTRAS selects the optional dependencies; CI adds `parity` (PyTorch 2.13 CPU).
 PYTHON ?= python3
@@ -13,7 +14,7 @@ comma := ,
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: check test test-quick test-floor lint baseline bench clean
+.PHONY: check test test-quick test-rehearsal test-floor lint baseline bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +40,12 @@ test: $(STAMP)
 
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+
+# The tests marked `rehearsal` (`make test` leaves them out): `rehearse` installs jax and
+# jaxlib 0.9.2 (with flax 0.12.6, the newest flax that admits them) from the registry into
+# a fresh venv and checks the shipped baseline there. Needs the network; about a minute.
+test-rehearsal: $(STAMP)
+	$(BIN)/python -m pytest -m rehearsal tests/test_regression_rehearse.py $(PYTEST_ARGS)
 
 lint:
 	$(MAKE) $(VENV)/.installed-lint EXTRAS=lint
