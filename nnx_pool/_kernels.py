@@ -7,9 +7,9 @@ two ways (:func:`taps`): a stride phase shifted by a small pad, which XLA CPU
 fuses when the views have one consumer (sums, a max or min without offsets),
 or a slice of one shared padded copy, when they feed both the values and the
 window offsets (a differentiated max or min, or ``return_indices``). XLA CPU
-computes those two in separate loops and materialises the padded copy, so
-where only the first windows of a dim reach padding (the ResNet stem's 3x3/2
-pad 1 on an even map) the outputs are split into boxes
+computes those two in separate loops and materialises the padded copy, so for
+the gradient, where only the first windows of a dim reach padding (the ResNet
+stem's 3x3/2 pad 1 on an even map), the outputs are split into boxes
 (:func:`_arg_select_boxes`): the interior reads plain strided slices of the
 input, which both loops read in place, and only the thin borders pad a slab.
 
@@ -617,13 +617,15 @@ def window_sum(x: jax.Array, geom: Geometry, implementation: str = "taps") -> ja
 def _select_forward(
     x: jax.Array, geom: Geometry, kind: Kind, with_offsets: bool
 ) -> tuple[jax.Array, jax.Array]:
-  """The arg-select as each use is fastest: box by box when the offsets are used (the
-  values and offsets loops then read the same taps), else the values' one loop through
-  per-tap pads, or one padded copy over :data:`PER_TAP_PAD_LIMIT` taps (XLA drops the
-  unused offsets). The results are the same."""
-  if with_offsets:
-    return _arg_select_boxes(x, geom, kind)
-  return _arg_select(x, geom, kind, shared_pad=geom.size > PER_TAP_PAD_LIMIT)
+  """The undifferentiated arg-select: its taps read one padded copy when both outputs are
+  used or the window is over :data:`PER_TAP_PAD_LIMIT` taps, else per-tap pads (XLA drops
+  the unused offsets). The results are the same.
+
+  (Box by box, :func:`_arg_select_boxes`, is the gradient's spelling: here the flat
+  indices would be the offsets' one consumer, and XLA fuses the boxes' tap chains into
+  the index arithmetic, measured 20 ms against 4 at the ResNet stem's shape.)
+  """
+  return _arg_select(x, geom, kind, shared_pad=with_offsets or geom.size > PER_TAP_PAD_LIMIT)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
