@@ -17,8 +17,11 @@ the optimized HLO:
   winner from the input, then gathers.
 
 Every one is checked bit for bit against the shipped adjoint before it is
-timed. Run ``python -m benchmarks.formulations`` (``--shape 8,56,56,64`` for
-another input); docs/benchmarks.md quotes a run.
+timed. The shipped forward+backward is then timed whole, with the size of its
+temporaries and the minor page faults each call takes (a temporary faulted in
+again on every call costs as much as the pooling itself). Run
+``python -m benchmarks.formulations`` (``--shape 8,56,56,64`` for another input);
+docs/benchmarks.md quotes a run.
 """
 
 from __future__ import annotations
@@ -150,7 +153,30 @@ def main(argv=None) -> None:
   full = jax.jit(jax.grad(lambda x, ct: jnp.vdot(pool(x), ct))).lower(x, ct).compile()
   steady = [_timed_call(full, x, ct) for _ in range(args.rounds)]
   print(f"forward+backward of the shipped MaxPool: {statistics.median(steady) * 1e3:.2f} ms, "
-        f"fusions {fusions(full)}")
+        f"fusions {fusions(full)}, temporaries {temp_bytes(full) / 1e6:.1f} MB, "
+        f"{minor_faults_per_call(full, x, ct):.0f} minor page faults per call")
+
+
+def temp_bytes(compiled) -> int:
+  """Bytes of the temporaries XLA allocates for each call of a compiled program."""
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def minor_faults_per_call(fn, *args, calls: int = 10) -> float:
+  """Minor page faults of this process per call of ``fn``, after one warm call.
+
+  A temporary that the allocator hands back to the system between calls is faulted
+  in again, page by page, on every call (Linux; 0 where ``resource`` is missing).
+  """
+  try:
+    import resource
+  except ImportError:  # not on Windows
+    return 0.0
+  jax.block_until_ready(fn(*args))
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  for _ in range(calls):
+    jax.block_until_ready(fn(*args))
+  return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
 if __name__ == "__main__":
