@@ -622,6 +622,8 @@ def rehearse(
   except RehearsalError as e:
     return Report(command="check", exit_code=2, error=str(e))
   here = installed_versions()
+  # The checkout's revision now, as the copy installed below is taken (None from a wheel).
+  git = git_revision(source.root) if source.root is not None else None
   with tempfile.TemporaryDirectory(prefix="nnx-pool-rehearse-") as tmp:
     scratch = Path(tmp)
     env = cache_root() / plan.key() if cache else scratch / "env"
@@ -663,7 +665,7 @@ def rehearse(
           tested = _pytest(env, pytest_paths)
     except RehearsalError as e:
       return Report(command="check", exit_code=2, error=str(e))
-    report = _report(json_path, code, here, source)
+    report = _report(json_path, code, here, git)
   report.baseline = str(baseline)
   where = (f"environment {shown(env)} ({'reused' if cached else f'built in {setup_s:.0f} s'})"
            if cache else f"a throwaway environment, built in {setup_s:.0f} s and removed")
@@ -680,17 +682,17 @@ def rehearse(
   return report
 
 
-def _report(json_path: Path, code: int, here: Mapping[str, str | None], source: Source) -> Report:
-  """The child's report, its stamp's git filled in from this checkout and its changes marked."""
+def _report(json_path: Path, code: int, here: Mapping[str, str | None],
+            git: dict[str, Any] | None) -> Report:
+  """The child's report, its stamp's git that of the checkout installed, its changes marked."""
   try:
     report = Report.from_json(json.loads(json_path.read_text()))
   except (OSError, ValueError, KeyError, TypeError):
     return Report(command="check", exit_code=code or 2, error=(
         f"rehearse: check in the rehearsal environment exited {code} without a readable "
         "report; its messages above say why."))
-  git = (report.stamp or {}).get("git") or {}
-  if report.stamp and source.root is not None and not git.get("revision"):
-    report.stamp["git"] = git_revision(source.root)  # the code installed is this checkout's
+  if report.stamp and git is not None and not (report.stamp.get("git") or {}).get("revision"):
+    report.stamp["git"] = git  # the code installed there is this checkout's
   if report.stamp and report.baseline_stamp:
     report.stamp_changes = rehearsal_changes(report.baseline_stamp, report.stamp, here)
   return report
