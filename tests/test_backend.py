@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import nnx_pool
+from benchmarks.cases import CASES
 from nnx_pool import AvgPool, LPPool, MaxPool, MinPool, reference, use_implementation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,17 @@ def test_device_check_dry_run_writes_parity_and_benchmarks(tmp_path):
                      "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool"}
   assert all(row["pass"] for row in report["parity"]), report["parity"]
   assert {row["implementation"] for row in report["parity"]} == {"taps", "xla"}
+  # The benchmark rows (`python -m benchmarks --quick`), once per implementation: every
+  # case, each ratio ours over the faster peer, and the table printed with its versions.
   for implementation, name in report["benchmarks"].items():
-    rows = json.loads((tmp_path / name).read_text())["rows"]
-    assert rows and all("ratio_to_best_peer" in row["forward"] for row in rows), implementation
+    bench = json.loads((tmp_path / name).read_text())
+    assert [row["case"] for row in bench["rows"]] == [case.name for case in CASES], name
+    for row in bench["rows"]:
+      for pass_name in ("forward", "backward"):
+        medians = row[pass_name]["median_ms"]
+        assert set(medians) >= {"ours", "flax", "torch"}
+        best_peer = min(v for k, v in medians.items() if k != "ours")
+        assert row[pass_name]["ratio_to_best_peer"] == pytest.approx(medians["ours"] / best_peer)
+    assert f"jax {bench['environment']['jax']}" in done.stdout, implementation
+  assert all(case.name in done.stdout for case in CASES)
   assert "parity: 22 of 22 pass" in done.stdout
