@@ -138,6 +138,36 @@ def test_installed_pins_of_this_environment_hold_jax_and_not_nnx_pool():
   assert list(pins) == sorted(pins)
 
 
+def test_this_source_of_a_checkout_is_copied_never_built_in_place(tmp_path):
+  source = rehearse.this_source()
+  assert source.root == ROOT and any(r.startswith("jax>=") for r in source.requires)
+  requirement = source.requirement(["report"], tmp_path)
+  assert requirement == f"nnx-pool[report] @ {(tmp_path / 'nnx-pool-source').as_uri()}"
+  copied = {p.relative_to(tmp_path / "nnx-pool-source") for p in
+            (tmp_path / "nnx-pool-source").rglob("*") if p.is_file()}
+  assert {Path("pyproject.toml"), Path("nnx_pool/__init__.py"),
+          Path("regression/baseline/manifest.json")} <= copied
+  assert not any("__pycache__" in p.parts for p in copied)
+  assert source.digest() == rehearse.this_source().digest()
+
+
+@pytest.mark.parametrize(("direct_url", "expected"), [
+    ({"url": "file:///w/nnx_pool-0.1.0-py3-none-any.whl", "archive_info": {}},
+     "nnx-pool[report] @ file:///w/nnx_pool-0.1.0-py3-none-any.whl"),
+    (None, "nnx-pool[report]==0.1.0"),
+])
+def test_this_source_of_an_installed_wheel_is_where_pip_got_it(
+    monkeypatch, tmp_path, direct_url, expected):
+  _dist_info(tmp_path, "nnx-pool", "0.1.0", direct_url)
+  (dist,) = importlib.metadata.distributions(path=[str(tmp_path)])
+  monkeypatch.setattr(rehearse, "source_checkout", lambda: None)
+  monkeypatch.setattr(importlib.metadata, "distribution", lambda name: dist)
+  source = rehearse.this_source()
+  assert source.root is None
+  assert source.requirement(["report"], tmp_path) == expected
+  assert source.requirement([], tmp_path) == expected.replace("[report]", "")
+
+
 def test_make_plan_a_requirement_releases_only_its_own_pin():
   plan = make_plan(["flax==0.12.5"], pins=PINS)
   assert plan.requirements == ("flax==0.12.5",)
