@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
             "file there is unchanged.", file=sys.stderr)
       return 2
     if not report.error:
-      print(f"(the HTML report, with heatmaps of every failing array, is in {html_path})")
+      print(f"(the HTML report, with heatmaps of the failing arrays, is in {html_path})")
   return report.exit_code
 
 

@@ -6,8 +6,9 @@ and a section for every failing case: its details and, for each failing array,
 one figure of three heatmaps, the baseline, the new result and
 ``|new - baseline|``, with the cells over tolerance outlined and the tolerance
 in the caption. Index and other integer results show the cells that differ
-instead of a difference. At most :data:`MAX_FIGURES` arrays are drawn; the
-others are named in their case's details. An array whose dtype or shape
+instead of a difference. Every failing case draws its first failing array, and
+further arrays up to :data:`MAX_FIGURES` in all; the others are named in their
+case's details. An array whose dtype or shape
 changed is named, not drawn.
 
 Each heatmap shows one 2-D slice, named in its caption: the spatial map through
@@ -42,7 +43,7 @@ from nnx_pool.regression.tolerance import is_float
 
 INSTALL = "pip install 'nnx-pool[report]'"
 MISSING = f"--html needs matplotlib: {INSTALL}"
-# A page draws at most this many arrays (about 25 KB of page and 0.2 s each); the rest are named.
+# Arrays drawn beyond each failing case's first (about 25 KB of page and 0.2 s each).
 MAX_FIGURES = 48
 # Slices up to this many rows and columns get their integer values written in the cells.
 _ANNOTATE = 12
@@ -206,12 +207,18 @@ def _failures(rows: Sequence[Row], progress: Progress | None) -> list[str]:
   failing = [r for r in rows if r.status in FAILING]
   if not failing:
     return []
-  drawn = [(r.case, key) for r in failing for key in sorted(r.failed)][:MAX_FIGURES]
-  total = sum(len(r.failed) for r in failing)
+  # Every failing case draws its first failing array; the others fill what is left of
+  # MAX_FIGURES, in page order.
+  firsts = [(r.case, min(r.failed)) for r in failing if r.failed]
+  others = [(r.case, key) for r in failing for key in sorted(r.failed)[1:]]
+  drawn = set(firsts + others[:max(0, MAX_FIGURES - len(firsts))])
+  total = len(firsts) + len(others)
   out = ["<h2>Failures</h2>"]
   if total > len(drawn):
-    out.append(f'<p class="muted">{total} arrays failed; the first {len(drawn)} are drawn. '
-               "Run <code>check -k PATTERN --html OUT</code> to draw the others.</p>")
+    out.append(f'<p class="muted">{total} arrays failed; {len(drawn)} are drawn, at least '
+               "one of every failing case. Run <code>check -k PATTERN --html OUT</code> to "
+               "draw the others.</p>")
+  done = 0
   for row in failing:
     tolerance = f' <span class="muted">{_e(row.tolerance)}</span>' if row.tolerance else ""
     out.append(f'<section id="{_e(_anchor(row.case))}"><h3>{_e(row.case)} '
@@ -221,8 +228,9 @@ def _failures(rows: Sequence[Row], progress: Progress | None) -> list[str]:
     for key in sorted(row.failed):
       if (row.case, key) not in drawn:
         continue
+      done += 1
       if progress is not None:
-        progress(drawn.index((row.case, key)) + 1, len(drawn), f"{row.case}/{key}")
+        progress(done, len(drawn), f"{row.case}/{key}")
       png, alt, caption = _figure(key, row.failed[key])
       out.append(f'<figure><img alt="{_e(alt)}" src="data:image/png;base64,{png}">'
                  f"<figcaption>{caption}</figcaption></figure>")

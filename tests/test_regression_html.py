@@ -73,7 +73,7 @@ def _section(page: str, case: str) -> str:
 def test_html_page_is_written_and_named(checked):
   assert checked["code"] == 1
   assert checked["out"].rstrip().endswith(
-      f"(the HTML report, with heatmaps of every failing array, is in {checked['dir'] / 'r.html'})")
+      f"(the HTML report, with heatmaps of the failing arrays, is in {checked['dir'] / 'r.html'})")
   assert sorted(p.name for p in checked["dir"].iterdir()) == ["baseline", "r.html", "r.json"]
 
 
@@ -204,16 +204,20 @@ def test_html_escapes_every_text():
   assert "&quot;quoted&quot; &amp; &lt;tagged&gt;" in page
 
 
-def test_html_draws_at_most_max_figures_and_names_the_rest(monkeypatch):
+def test_html_draws_every_failing_case_and_caps_the_other_arrays(monkeypatch):
   monkeypatch.setattr(html, "MAX_FIGURES", 1)
   tol = Tolerance("exact", reason="hand-made")
   rows = []
   for name in ("first", "second"):
     row = Row(name, "FAIL", details=[f"output: differs [{tol.describe()}]"])
-    row.failed["output"] = FailedArray(np.zeros((1, 2, 2, 1)), np.ones((1, 2, 2, 1)), tol, (1, 2))
+    for key in ("output", "output_eager"):
+      row.failed[key] = FailedArray(np.zeros((1, 2, 2, 1)), np.ones((1, 2, 2, 1)), tol, (1, 2))
     rows.append(row)
   page = html.render_html(Report(command="check", exit_code=1, rows=rows))
-  assert page.count("<img") == 1 and "2 arrays failed; the first 1 are drawn." in page
+  # Each case's first array ("output") is drawn whatever the cap; the two others are named.
+  assert page.count("<img") == 2
+  assert "4 arrays failed; 2 are drawn, at least one of every failing case." in page
+  assert _section(page, "first").count("<img") == _section(page, "second").count("<img") == 1
   assert "output: differs [exact]" in _section(page, "second")
 
 
