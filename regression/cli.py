@@ -335,7 +335,7 @@ def _rehearse(args: argparse.Namespace) -> int:
   if args.json:
     write_json(report, args.json)
   if args.html is not None and not report.error and Path(args.html).is_file():
-    print(f"(the HTML report, with heatmaps of every failing array, is in {args.html})")
+    print(f"(the HTML report, with heatmaps of the failing arrays, is in {args.html})")
   return report.exit_code
 
 
