@@ -23,6 +23,9 @@ from nnx_pool.regression.report import Report, Row
 from nnx_pool.regression.stamp import SHIPPED, installed_versions
 
 ROOT = Path(__file__).resolve().parents[1]
+# The stand-in runs report jax 0.9.2; the change they show starts from the jax installed
+# here (0.10.2 in the main CI job, 0.7.0 in the floor job).
+REHEARSED_JAX = f"jax {importlib.metadata.version('jax')} -> 0.9.2 (rehearsal)"
 PINS = {"flax": "0.12.8", "jax": "0.10.2", "jaxlib": "0.10.2", "numpy": "2.4.6",
         "optax": "0.2.8", "pytest": "9.2.0"}
 
@@ -421,7 +424,7 @@ def test_rehearse_runs_check_there_and_reports_the_change_as_the_rehearsals(stan
   progress = _Progress()
   report = rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=progress)
   assert report.exit_code == 1 and report.error is None
-  assert "jax 0.10.2 -> 0.9.2 (rehearsal)" in report.stamp_changes
+  assert REHEARSED_JAX in report.stamp_changes
   assert report.baseline == "base"
   assert report.counts() == {"PASS": 1, "FAIL": 1}
   assert report.stamp["git"]["revision"]  # this checkout's, which the environment holds
@@ -504,11 +507,11 @@ def test_rehearse_cli_prints_the_report_and_its_json(stand_in, capsys, tmp_path)
   out_json = tmp_path / "r.json"
   assert cli.main(["rehearse", "jax==0.9.2", "--json", str(out_json)]) == 1
   out = capsys.readouterr().out
-  assert "environment changes" in out and "  jax 0.10.2 -> 0.9.2 (rehearsal)\n" in out
+  assert "environment changes" in out and f"  {REHEARSED_JAX}\n" in out
   assert "2 cases: 1 fail, 1 pass" in out
   data = json.loads(out_json.read_text())
   assert data["exit_code"] == 1
-  assert "jax 0.10.2 -> 0.9.2 (rehearsal)" in data["stamp_changes"]
+  assert REHEARSED_JAX in data["stamp_changes"]
 
 
 def test_rehearse_malformed_requirement_exits_2_before_building(stand_in, capsys):
