@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from nnx_pool.regression import store
 from nnx_pool.regression.compare import json_float
 from nnx_pool.regression.stamp import stamp_header
 from nnx_pool.regression.tolerance import Tolerance
@@ -206,8 +207,10 @@ def _float(value: float | str | None) -> float | None:
 
 
 def write_json(report: Report, path: str | Path) -> None:
-  """Writes the JSON report to ``path`` (``-`` for stdout is not used: the table goes there)."""
-  Path(path).write_text(json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n")
+  """Writes the JSON report to ``path``, whole or not at all (``-`` is not stdout: the table
+  goes there)."""
+  text = json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n"
+  store.write_atomic(path, text.encode())
 
 
 def _num(value: float | None) -> str:

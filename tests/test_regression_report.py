@@ -4,8 +4,16 @@ import json
 
 import pytest
 
-from nnx_pool.regression import cli, stamp
-from nnx_pool.regression.report import NOISE, Report, Row, Timing, render, timing_lines
+from nnx_pool.regression import cli, stamp, store
+from nnx_pool.regression.report import (
+  NOISE,
+  Report,
+  Row,
+  Timing,
+  render,
+  timing_lines,
+  write_json,
+)
 
 STAMP_A = {
     "versions": {"python": "3.11.7", "numpy": "2.4.6", "jax": "0.10.2", "jaxlib": "0.10.2",
@@ -133,3 +141,21 @@ def test_from_json_reads_back_what_to_json_wrote():
   assert render(back) == render(report)
   with pytest.raises(KeyError):
     Report.from_json({"command": "check"})
+
+
+def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
+  path = tmp_path / "report.json"
+  path.write_text("the earlier report\n")
+
+  def crash(target, data):  # the disk fills halfway through the new file
+    target.write_bytes(data[: len(data) // 2])
+    raise OSError("No space left on device")
+
+  monkeypatch.setattr(store, "_write_file", crash)
+  with pytest.raises(OSError, match="No space left"):
+    write_json(Report(command="check", exit_code=0, rows=[Row("a", "PASS")]), path)
+  assert path.read_text() == "the earlier report\n"
+  assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temporary left
+  monkeypatch.undo()
+  write_json(Report(command="check", exit_code=0, rows=[Row("a", "PASS")]), path)
+  assert json.loads(path.read_text())["rows"][0]["case"] == "a"
