@@ -322,29 +322,31 @@ def _arg_select(
   return best, arg
 
 
-def _interior(d: DimGeometry) -> tuple[int, int]:
-  """The output positions ``[a, b)`` whose every tap reads a real cell (``a == b``: none)."""
-  a = min(-(-d.pad_low // d.stride), d.out)
-  b = (d.length - d.effective_window + d.pad_low) // d.stride + 1
-  return a, max(a, min(b, d.out))
+def _low_border(d: DimGeometry) -> int | None:
+  """How many first windows of ``d`` start in padding; None if a window reaches past the end."""
+  first = d.first_real_tap()
+  if (first + d.real_count() < d.window).any():
+    return None
+  return int(np.count_nonzero(first))
 
 
-def _boxes(geom: Geometry) -> list[tuple[tuple[int, int], ...]]:
-  """Output boxes, ``[q0, q1)`` per dim, that partition an output with no high border.
+def _boxes(geom: Geometry) -> list[tuple[tuple[int, int], ...]] | None:
+  """Output boxes, ``[q0, q1)`` per dim, that partition the output; None if they do not apply.
 
   The low border of each dim in turn, over the interior of the dims before it
   and all of the dims after it, then the interior, where every tap of every
-  window reads a real cell: at most ``ndim + 1`` boxes.
+  window reads a real cell: at most ``ndim + 1`` boxes. None when no window
+  starts in padding (the taps are strided slices of the input already) or one
+  reaches past the input's end (see :func:`_arg_select_boxes`).
   """
-  inner = [_interior(d) for d in geom.dims]
-  boxes = []
-  for axis, (a, _) in enumerate(inner):
-    box = (*inner[:axis], (0, a), *((0, d.out) for d in geom.dims[axis + 1:]))
-    if all(q1 > q0 for q0, q1 in box):
-      boxes.append(box)
-  if all(b > a for a, b in inner):
-    boxes.append(tuple(inner))
-  return boxes
+  low = [_low_border(d) for d in geom.dims]
+  if None in low or not any(low):
+    return None
+  inner = [(a, d.out) for a, d in zip(low, geom.dims, strict=True)]
+  boxes = [(*inner[:axis], (0, a), *((0, d.out) for d in geom.dims[axis + 1:]))
+           for axis, a in enumerate(low)]
+  boxes.append(tuple(inner))
+  return [box for box in boxes if all(q1 > q0 for q0, q1 in box)]
 
 
 def _box_input(
@@ -393,15 +395,13 @@ def _arg_select_boxes(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Arr
   slab of their own. Each box's results are padded to the output and selected
   by the box's mask: pads and selects, which keep a spatial sharding.
   """
-  inner = [_interior(d) for d in geom.dims]
-  if all(a == 0 for a, _ in inner) or any(b < d.out for (_, b), d in zip(inner, geom.dims,
-                                                                           strict=True)):
-    # No low border: no tap reads padding, and the taps are strided slices of x
-    # already. A high border: its slab would be a slice at the far end of its dim,
-    # which the SPMD partitioner moves with an all-reduce when that dim is split
-    # over devices; such windows read one padded copy instead.
-    return _arg_select(x, geom, kind, shared_pad=True)
   boxes = _boxes(geom)
+  if boxes is None:
+    # No window starts in padding: the taps are strided slices of x already. A window
+    # reaches past the end: that high border's slab would be a slice at the far end
+    # of its dim, which the SPMD partitioner moves with an all-reduce when that dim
+    # is split over devices; such windows read one padded copy instead.
+    return _arg_select(x, geom, kind, shared_pad=True)
   fill = identity(x.dtype, kind)
   values = arg = None
   for box in boxes:
