@@ -12,6 +12,7 @@ interpreter failing before the kit runs.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,13 +32,19 @@ if TYPE_CHECKING:
   from nnx_pool._gates import eca_kernel_size as eca_kernel_size
   from nnx_pool._gates import make_divisible as make_divisible
   from nnx_pool._geometry import output_shape as output_shape
+  from nnx_pool._layout import ChannelsFirstWarning as ChannelsFirstWarning
   from nnx_pool._pool import AvgPool as AvgPool
   from nnx_pool._pool import LPPool as LPPool
   from nnx_pool._pool import MaxPool as MaxPool
   from nnx_pool._pool import MinPool as MinPool
   from nnx_pool._unpool import MaxUnpool as MaxUnpool
 
-__version__ = "0.1.0"
+# The version pyproject.toml declares, as installed; a checkout that is only on sys.path
+# has no metadata to read.
+try:
+  __version__ = importlib.metadata.version("nnx-pool")
+except importlib.metadata.PackageNotFoundError:
+  __version__ = "0+unknown"
 
 # Each public name and the private module that defines it.
 _WHERE = {
@@ -62,6 +69,7 @@ _WHERE = {
     "MinPool": "_pool",
     "MaxUnpool": "_unpool",
     "output_shape": "_geometry",
+    "ChannelsFirstWarning": "_layout",
 }
 
 # Public submodules, also loaded on first use: the functional twins and the NumPy mirror.

@@ -53,7 +53,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool._args import check_bool, check_num_spatial_dims, is_int
+from nnx_pool._args import check_bool, check_num_spatial_dims, flax_names, is_int
 from nnx_pool._geometry import adaptive_bins, adaptive_window, spatial_dims
 from nnx_pool._kernels import (
   accumulation_dtype,
@@ -270,23 +270,27 @@ def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool 
 # ----------------------------------------------------------------------------
 
 
-def _prepare(inputs, ndim: int, kind: DtypeKind, in_features, name: str, *, indexed: bool):
-  """The batched input, checked; ``indexed``: a max, whose flat indices must fit in int32."""
-  x, batched = prepare(inputs, ndim, kind=kind, module=name, in_features=in_features)
+def _prepare(inputs, ndim: int, kind: DtypeKind, in_features, name: str, owner, *,
+             indexed: bool):
+  """``(N, *spatial, C)`` and the batch shape, checked; ``indexed``: a max, whose flat
+  indices must fit in int32."""
+  x, batch = prepare(inputs, ndim, kind=kind, module=name, in_features=in_features, owner=owner)
   check_nonempty_spatial(x, name)
   if indexed:
     check_plane_indexable(x.shape[1:-1], name, " The max keeps one (for its gradient too).")
-  return x, batched
+  return x, batch
 
 
-def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_features, name):
-  x, batched = _prepare(inputs, num_spatial_dims, kind, in_features, name,
-                        indexed=kind == "ordered")
+def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_features, name,
+            owner=None):
+  x, batch = _prepare(inputs, num_spatial_dims, kind, in_features, name, owner,
+                      indexed=kind == "ordered")
   y = spatial_mean(x) if kind == "float" else adaptive_max(x, (1,) * num_spatial_dims)
   y = y if keepdims else y.reshape(y.shape[0], y.shape[-1])
-  return unbatch(y, batched)
+  return unbatch(y, batch)
 
 
+@flax_names
 def global_avg_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
   """The function form of :class:`GlobalAvgPool`, with the same arguments and checks."""
@@ -295,6 +299,7 @@ def global_avg_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False
                  "global_avg_pool")
 
 
+@flax_names
 def global_max_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
   """The function form of :class:`GlobalMaxPool`, with the same arguments and checks."""
@@ -303,10 +308,15 @@ def global_max_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False
                  "global_max_pool")
 
 
-def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, name):
-  """Adaptive pooling of ``inputs`` to ``sizes`` (None keeps a dim), by ``pool_type``."""
+def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, name,
+              owner=None, *, flatten: bool = False):
+  """Adaptive pooling of ``inputs`` to ``sizes`` (None keeps a dim), by ``pool_type``.
+
+  ``flatten``: everything after the batch axes flattened, channels-last order.
+  """
   kind: DtypeKind = "ordered" if pool_type == "max" else "float"
-  x, batched = _prepare(inputs, len(sizes), kind, in_features, name, indexed=pool_type != "avg")
+  x, batch = _prepare(inputs, len(sizes), kind, in_features, name, owner,
+                      indexed=pool_type != "avg")
   out_shape = _resolve_out_shape(sizes, x.shape[1:-1])
   if pool_type == "avg":
     y = adaptive_avg(x, out_shape)
@@ -316,9 +326,12 @@ def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, 
     y = 0.5 * (adaptive_avg(x, out_shape) + adaptive_max(x, out_shape))
   else:
     y = jnp.concatenate([adaptive_avg(x, out_shape), adaptive_max(x, out_shape)], axis=-1)
-  return unbatch(y, batched)
+  if flatten:
+    y = y.reshape(y.shape[0], math.prod(y.shape[1:]))
+  return unbatch(y, batch)
 
 
+@flax_names
 def adaptive_avg_pool(inputs, output_size, *, num_spatial_dims: int | None = None,
                       in_features: int | None = None) -> jax.Array:
   """The function form of :class:`AdaptiveAvgPool`, with the same arguments and checks.
@@ -334,6 +347,7 @@ def adaptive_avg_pool(inputs, output_size, *, num_spatial_dims: int | None = Non
                    check_in_features(in_features), "adaptive_avg_pool")
 
 
+@flax_names
 def adaptive_max_pool(inputs, output_size, *, num_spatial_dims: int | None = None,
                       return_indices: bool = False, in_features: int | None = None):
   """The function form of :class:`AdaptiveMaxPool`, with the same arguments and checks."""
@@ -351,6 +365,7 @@ class _GlobalPool(nnx.Module):
 
   _kind: DtypeKind
 
+  @flax_names
   def __init__(
       self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
   ):
@@ -364,7 +379,7 @@ class _GlobalPool(nnx.Module):
     With ``keepdims=True`` the spatial axes stay, with size 1.
     """
     return _global(inputs, self._kind, self.num_spatial_dims, self.keepdims, self.in_features,
-                   type(self).__name__)
+                   type(self).__name__, self)
 
 
 class GlobalAvgPool(_GlobalPool):
@@ -451,6 +466,7 @@ class AdaptiveAvgPool(nnx.Module):
       (default None).
   """
 
+  @flax_names
   def __init__(self, output_size, *, num_spatial_dims: int | None = None,
                in_features: int | None = None):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
@@ -460,7 +476,7 @@ class AdaptiveAvgPool(nnx.Module):
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
     return _adaptive(inputs, self.output_size, "avg", False, self.in_features,
-                     type(self).__name__)
+                     type(self).__name__, self)
 
 
 class AdaptiveMaxPool(nnx.Module):
@@ -491,6 +507,7 @@ class AdaptiveMaxPool(nnx.Module):
       (default None).
   """
 
+  @flax_names
   def __init__(self, output_size, *, num_spatial_dims: int | None = None,
                return_indices: bool = False, in_features: int | None = None):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
@@ -505,7 +522,7 @@ class AdaptiveMaxPool(nnx.Module):
       The pooled array; with ``return_indices=True``, ``(values, indices)``.
     """
     return _adaptive(inputs, self.output_size, "max", self.return_indices, self.in_features,
-                     type(self).__name__)
+                     type(self).__name__, self)
 
 
 class SelectAdaptivePool(nnx.Module):
@@ -542,6 +559,7 @@ class SelectAdaptivePool(nnx.Module):
       (default None).
   """
 
+  @flax_names
   def __init__(self, output_size=1, *, pool_type: str = "avg", flatten: bool = False,
                num_spatial_dims: int | None = None, in_features: int | None = None):
     if not isinstance(pool_type, str) or pool_type not in _POOL_TYPES:
@@ -561,9 +579,5 @@ class SelectAdaptivePool(nnx.Module):
 
     Unbatched ``(*spatial, C)`` gives ``(*out, C * feat_mult())`` or ``(features,)``.
     """
-    y = _adaptive(inputs, self.output_size, self.pool_type, False, self.in_features,
-                  type(self).__name__)
-    if self.flatten:
-      batched = y.ndim == self.num_spatial_dims + 2
-      y = y.reshape(y.shape[0], math.prod(y.shape[1:])) if batched else y.reshape(-1)
-    return y
+    return _adaptive(inputs, self.output_size, self.pool_type, False, self.in_features,
+                     type(self).__name__, self, flatten=self.flatten)

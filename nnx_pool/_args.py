@@ -8,6 +8,8 @@ accepted alike; ``bool`` is never taken for a number.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -68,3 +70,71 @@ def check_num_spatial_dims(value) -> int:
   if value not in (1, 2, 3):
     raise ValueError(f"`num_spatial_dims` must be 1, 2 or 3; got {value!r}.")
   return int(value)
+
+
+# ----------------------------------------------------------------------------
+# The peers' argument names.
+# ----------------------------------------------------------------------------
+
+# Argument names of PyTorch, torchvision and timm that nnx-pool spells another way:
+# peer name -> (ours, whose spelling ours is, whose the peer name is).
+PEER_NAMES: dict[str, tuple[str, str, str]] = {
+    "kernel_size": ("window_shape", "Flax's", "PyTorch's"),
+    "stride": ("strides", "Flax's", "PyTorch's"),
+    "keepdim": ("keepdims", "NumPy's", "PyTorch's"),
+    "input_channels": ("in_features", "Flax's", "torchvision's"),
+    "channels": ("in_features", "Flax's", "timm's"),
+    "squeeze_channels": ("squeeze_features", "nnx-pool's", "torchvision's"),
+    "rd_channels": ("squeeze_features", "nnx-pool's", "timm's"),
+    "act_layer": ("activation", "nnx-pool's", "timm's"),
+    "scale_activation": ("gate", "nnx-pool's", "torchvision's"),
+    "gate_layer": ("gate", "nnx-pool's", "timm's"),
+    "bias": ("use_bias", "Flax's", "timm's"),
+    "mlp_bias": ("use_bias", "Flax's", "timm's"),
+}
+
+
+def flax_names(fn: Callable) -> Callable:
+  """Wraps a public function or ``__init__`` so that a wrong keyword names the public API.
+
+  A peer's name for one of ``fn``'s arguments (:data:`PEER_NAMES`) is a TypeError
+  naming the one to use: "MaxPool takes `strides` (Flax's name), not `stride`
+  (PyTorch's)". Any other unknown keyword, or too many positional arguments, is a
+  TypeError that names the public class or function (not a private base class)
+  and lists what it takes. Correct calls pay one set difference.
+  """
+  parameters = inspect.signature(fn).parameters
+  names = frozenset(parameters)
+  positional = [p.name for p in parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  keyword = [p.name for p in parameters.values() if p.kind == p.KEYWORD_ONLY]
+  is_method = fn.__name__ == "__init__"
+  if is_method:
+    positional = positional[1:]
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    unknown = kwargs.keys() - names
+    too_many = len(args) - is_method > len(positional)
+    if unknown or too_many:
+      owner = type(args[0]).__name__ if is_method else fn.__name__
+      _refuse(owner, sorted(unknown), len(args) - is_method, positional, keyword)
+    return fn(*args, **kwargs)
+
+  return wrapper
+
+
+def _refuse(owner: str, unknown: list[str], given: int, positional: list[str],
+            keyword: list[str]) -> None:
+  takes = f"{owner} takes ({', '.join(positional)}" + (
+      f", *, {', '.join(keyword)})" if keyword else ")")
+  for name in unknown:
+    if name in PEER_NAMES and PEER_NAMES[name][0] in (*positional, *keyword):
+      ours, our_kind, their_kind = PEER_NAMES[name]
+      raise TypeError(
+          f"{owner} takes `{ours}` ({our_kind} name), not `{name}` ({their_kind}): "
+          f"write {ours}=... instead.")
+  if unknown:
+    raise TypeError(f"{owner} got an unexpected keyword argument `{unknown[0]}`; {takes}.")
+  raise TypeError(
+      f"{owner} got {given} positional arguments, at most {len(positional)}; {takes}.")

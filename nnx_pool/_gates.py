@@ -13,11 +13,11 @@ the input by it:
 * :class:`CBAM`: a channel gate from mean and max, then a spatial gate
   (Woo et al. 2018, https://arxiv.org/abs/1807.06521).
 
-Inputs are ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``. As for the
-global pools, ``num_spatial_dims`` (default 2) says how many axes lie between
-batch and channels, so a rank of ``num_spatial_dims + 2`` is batched and
-``num_spatial_dims + 1`` unbatched; the channel gates pool over exactly those
-axes and their one-pixel scale broadcasts back over them.
+Inputs are ``(*batch, *spatial, C)``: usually ``(N, *spatial, C)``, or unbatched
+``(*spatial, C)``. As for the global pools, ``num_spatial_dims`` (default 2) says
+how many axes lie before the channels, so every axis before them is a batch
+axis; the channel gates pool over exactly those spatial axes and their
+one-pixel scale broadcasts back over them.
 
 Every gate has a ``from_torch(state_dict, **options)`` classmethod that builds
 it from the state dict of the PyTorch module it mirrors (torch tensors or
@@ -43,7 +43,7 @@ from nnx_pool._args import (
   check_positive_int,
 )
 from nnx_pool._kernels import extremum, spatial_mean
-from nnx_pool._layout import check_nonempty_spatial, prepare
+from nnx_pool._layout import check_nonempty_spatial, prepare, unbatch
 
 Activation = Callable[[jax.Array], jax.Array]
 
@@ -218,12 +218,13 @@ class _Gate(nnx.Module):
       for fc, name in ((self.fc1, reduce), (self.fc2, expand)):
         _assign(fc.bias, state[f"{name}.bias"], f"{name}.bias", module)
 
-  def _prepare(self, inputs) -> tuple[jax.Array, bool]:
+  def _prepare(self, inputs) -> tuple[jax.Array, tuple[int, ...]]:
+    """``(N, *spatial, C)`` and the batch shape that :func:`unbatch` restores."""
     module = type(self).__name__
-    x, batched = prepare(
-        inputs, self.num_spatial_dims, kind="float", module=module, in_features=self.in_features)
+    x, batch = prepare(inputs, self.num_spatial_dims, kind="float", module=module,
+                       in_features=self.in_features, owner=self)
     check_nonempty_spatial(x, module)  # a gate pools the whole map
-    return x, batched
+    return x, batch
 
 
 # ----------------------------------------------------------------------------
@@ -276,10 +277,10 @@ class SqueezeExcitation(_Gate):
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
-    x, batched = self._prepare(inputs)
+    x, batch = self._prepare(inputs)
     scale = self.gate(self.fc2(self.activation(self.fc1(spatial_mean(x)))))
     y = x * scale
-    return y if batched else y[0]
+    return unbatch(y, batch)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, **options):
@@ -350,9 +351,9 @@ class EffectiveSqueezeExcitation(_Gate):
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
-    x, batched = self._prepare(inputs)
+    x, batch = self._prepare(inputs)
     y = x * self.gate(self.fc(spatial_mean(x)))
-    return y if batched else y[0]
+    return unbatch(y, batch)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, **options):
@@ -451,12 +452,12 @@ class EfficientChannelAttention(_Gate):
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
-    x, batched = self._prepare(inputs)
+    x, batch = self._prepare(inputs)
     pooled = spatial_mean(x)
     signal = pooled.reshape(x.shape[0], x.shape[-1], 1)  # channels as a 1-D signal
     scale = self.gate(self.conv(signal)).reshape(pooled.shape)
     y = x * scale
-    return y if batched else y[0]
+    return unbatch(y, batch)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, **options):
@@ -549,7 +550,7 @@ class CBAM(_Gate):
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
-    x, batched = self._prepare(inputs)
+    x, batch = self._prepare(inputs)
     space = tuple(range(1, x.ndim - 1))
 
     def mlp(v):
@@ -559,7 +560,7 @@ class CBAM(_Gate):
     channel_max = extremum(x, -1, "max", keepdims=True)
     maps = jnp.concatenate([jnp.mean(x, axis=-1, keepdims=True), channel_max], axis=-1)
     y = x * self.gate(self.spatial_norm(self.spatial_conv(maps)))
-    return y if batched else y[0]
+    return unbatch(y, batch)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, **options):

@@ -173,9 +173,12 @@ class Window:
   @classmethod
   def create(
       cls, window_shape, strides=None, padding: PaddingLike = "VALID", *, dilation=1,
-      ceil_mode: bool = False, num_spatial_dims: int | None = None,
+      ceil_mode: bool = False, num_spatial_dims: int | None = None, layer: str | None = None,
   ) -> Window:
-    """Validates pooling arguments; the number of dims follows :func:`spatial_dims`."""
+    """Validates pooling arguments; the number of dims follows :func:`spatial_dims`.
+
+    ``layer``, the module or function being built, prefixes the padding-limit error.
+    """
     ndim = spatial_dims(num_spatial_dims, window_shape=window_shape, strides=strides,
                         padding=padding, dilation=dilation)
     shape = as_tuple(window_shape, ndim, "window_shape")
@@ -188,15 +191,36 @@ class Window:
           '`ceil_mode=True` cannot be combined with padding="SAME": SAME already rounds '
           "the output size up (out = ceil(L / stride)). Use ceil_mode=False."
       )
+    window = cls(shape, strides, dilation, spec, ceil_mode)
     if not isinstance(spec, str):
       for dim, ((lo, hi), k, d) in enumerate(zip(spec, shape, dilation, strict=True)):
         half = effective_window(k, d) // 2
         if lo > half or hi > half:
+          prefix = f"{window.describe(layer)}: " if layer else ""
           raise ValueError(
-              f"`padding` must be at most half the effective window on each side "
-              f"(dim {dim}: window {k}, dilation {d}, so at most {half}); got {padding!r}."
+              f"{prefix}`padding` must be at most half the effective window on each side "
+              f"(dim {dim}: window {k}, dilation {d}, so at most {half}); got {padding!r}. "
+              "PyTorch refuses it too. Ways out: padding of at most "
+              f"{half} there, or pad the input first with jnp.pad (-inf for a max pool, "
+              "+inf for a min pool, 0 for an average that counts padding) and pool it "
+              "with less padding."
           )
-    return cls(shape, strides, dilation, spec, ceil_mode)
+    return window
+
+  def describe(self, layer: str) -> str:
+    """``layer`` called with this window's arguments, those not at their defaults.
+
+    ``MaxPool(window_shape=(3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))``: what
+    an error shows to say which layer of a model it is.
+    """
+    args = [f"window_shape={self.shape}", f"strides={self.strides}"]
+    if self.padding == "SAME" or (self.padding != "VALID" and any(map(any, self.padding))):
+      args.append(f"padding={self.padding!r}")
+    if any(d != 1 for d in self.dilation):
+      args.append(f"dilation={self.dilation}")
+    if self.ceil_mode:
+      args.append("ceil_mode=True")
+    return f"{layer}({', '.join(args)})"
 
   @property
   def ndim(self) -> int:
@@ -207,9 +231,27 @@ class Window:
     """The number of taps in one window, ``prod(window_shape)``."""
     return math.prod(self.shape)
 
-  def resolve(self, spatial_shape: Sequence[int]) -> Geometry:
-    """The geometry of this window over an input with ``spatial_shape``."""
-    return _resolve(self, tuple(int(n) for n in spatial_shape))
+  def resolve(self, spatial_shape: Sequence[int], layer: str | None = None, *,
+              takes_padding: bool = True, adaptive: str | None = None) -> Geometry:
+    """The geometry of this window over an input with ``spatial_shape``.
+
+    Where the window does not fit, the ValueError starts with ``layer`` and its
+    arguments (:meth:`describe`) and lists the ways out: padding (when the layer
+    ``takes_padding``), ``ceil_mode``, a smaller window and the ``adaptive``
+    pool of the same kind, each only where it would fit.
+    """
+    shape = tuple(int(n) for n in spatial_shape)
+    try:
+      return _resolve(self, shape)
+    except _WindowDoesNotFit as error:
+      if layer is None:
+        raise ValueError(str(error)) from None
+      message = f"{self.describe(layer)} on spatial shape {shape}: {error}"
+      ways = error.ways_out(self, takes_padding=takes_padding, adaptive=adaptive)
+      if ways:
+        message += " Ways out: " + ", ".join(ways[:-1]) + (", or " if ways[:-1] else "") + (
+            ways[-1] + ".")
+      raise ValueError(message) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,6 +376,37 @@ def _out_size(length: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: 
   return out
 
 
+class _WindowDoesNotFit(ValueError):
+  """A window that gives no output along ``axis``, or a window of padding only."""
+
+  def __init__(self, message: str, axis: int, length: int, pads: tuple[int, int], *,
+               empty_window: bool = False):
+    super().__init__(message)
+    self.axis, self.length, self.pads, self.empty_window = axis, length, pads, empty_window
+
+  def ways_out(self, window: Window, *, takes_padding: bool, adaptive: str | None) -> list[str]:
+    """What would make the window fit, each checked with the output-size rule."""
+    if self.length == 0:
+      return ["an input with cells along every spatial dim"]
+    axis, length, (lo, hi) = self.axis, self.length, self.pads
+    k, s, d = window.shape[axis], window.strides[axis], window.dilation[axis]
+    e = effective_window(k, d)
+    if self.empty_window:
+      return []  # the message says it: less padding or dilation
+    ways = []
+    need = -(-(e - length) // 2)  # symmetric padding that makes one window fit
+    if takes_padding and window.padding != "SAME" and max(lo, hi) < need <= e // 2:
+      ways.append(f"padding of {need} on each side of dim {axis}")
+    if not window.ceil_mode and window.padding != "SAME" and _out_size(
+        length, k, s, d, lo, hi, True) >= 1:
+      ways.append("ceil_mode=True")
+    ways.append(f"a window of at most {(length + lo + hi - 1) // d + 1} along dim {axis}"
+                + (f" (dilation {d})" if d > 1 else ""))
+    if adaptive:
+      ways.append(f"{adaptive}(output_size), which fits any input")
+    return ways
+
+
 @functools.lru_cache(maxsize=512)
 def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
   dims = []
@@ -356,10 +429,11 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
       )
     out = _out_size(length, k, s, d, lo, hi, window.ceil_mode)
     if out < 1:
-      raise ValueError(
+      raise _WindowDoesNotFit(
           f"Output size is too small: spatial dim {axis} of length {length} with "
           f"window {k}, dilation {d} (effective {e}), stride {s} and padding ({lo}, {hi}) "
-          f"gives {out} outputs. The window must fit in the padded input."
+          f"gives {out} outputs. The window must fit in the padded input.",
+          axis, length, (lo, hi),
       )
     # Only taps in [-lo, L + hi) can matter: later ones read the ceil-mode
     # overhang, which holds the identity and counts in no divisor. Keeping the
@@ -369,9 +443,10 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
                       d, lo, hi, out)
     if not dim.real_count().all():
       empty = int(np.argmin(dim.real_count()))
-      raise ValueError(
+      raise _WindowDoesNotFit(
           f"Window {empty} along spatial dim {axis} covers only padding (length {length}, "
-          f"window {k}, dilation {d}, padding ({lo}, {hi})). Reduce the padding or dilation."
+          f"window {k}, dilation {d}, padding ({lo}, {hi})). Reduce the padding or dilation.",
+          axis, length, (lo, hi), empty_window=True,
       )
     dims.append(dim)
   return Geometry(tuple(dims))

@@ -178,11 +178,21 @@ def true_divide(total: jax.Array, divisor) -> jax.Array:
 
 
 def identity(dtype, kind: Kind):
-  """The padding value of a max (min) pool: -inf (+inf), or the integer dtype's min (max)."""
+  """The padding value of a max (min) pool: the dtype's lowest (highest) value.
+
+  -inf (+inf) for floats that hold it. Floats without infinities (float8
+  ``e4m3fn``, the ``fnuz`` family, ``e8m0fnu``, ``float4_e2m1fn``) cast inf to NaN,
+  which would win every padded window: they get their finite extreme, as integers
+  do. A real cell equal to it ties with the padding and keeps its index, since the
+  scan starts at the window's first real cell.
+  """
   dtype = jnp.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.floating):
-    return -np.inf if kind == "max" else np.inf
-  info = jnp.iinfo(dtype)
+    if np.isinf(np.array(np.inf).astype(dtype)):
+      return -np.inf if kind == "max" else np.inf
+    info = jnp.finfo(dtype)
+  else:
+    info = jnp.iinfo(dtype)
   return info.min if kind == "max" else info.max
 
 

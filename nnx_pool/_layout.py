@@ -1,14 +1,17 @@
 """Input checks shared by every module: rank, channels-last layout and dtype.
 
-Inputs are channels-last: ``(N, *spatial, C)``, or unbatched ``(*spatial, C)``.
-The number of spatial dims is always known from the module (its window, or an
-explicit argument), so a rank tells batched and unbatched apart without
-guessing.
+Inputs are channels-last: ``(*batch, *spatial, C)`` with any number of batch
+axes, usually one (``(N, H, W, C)``) or none (``(H, W, C)``). The number of spatial
+dims is always known from the module (its window, or an explicit argument), so
+the rank says how many batch axes there are without guessing.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import warnings
+import weakref
 from typing import Literal
 
 import jax
@@ -56,12 +59,12 @@ def rank_message(module: str, name: str, shape: tuple[int, ...], ndim: int) -> s
   """Why ``shape`` does not fit a module over ``ndim`` spatial dims, and how to say otherwise."""
   rank = len(shape)
   message = (
-      f"{module}: `{name}` must be channels-last (N, *spatial, C) or (*spatial, C) with "
-      f"{ndim} spatial dim(s), so rank {ndim + 2} or {ndim + 1}; got shape {shape} (rank {rank})."
+      f"{module}: `{name}` must be channels-last (*batch, *spatial, C) with {ndim} spatial "
+      f"dim(s), so rank {ndim + 1} or more; got shape {shape} (rank {rank})."
   )
   if rank == ndim:
     message += " If it has no channel axis, add one: x[..., None]."
-  fits = [n for n in (rank - 2, rank - 1) if 1 <= n <= 3 and n != ndim]
+  fits = [n for n in range(1, min(rank - 1, 3) + 1) if n != ndim]
   if fits:
     choices = " or ".join(f"num_spatial_dims={n}" for n in fits)
     message += (
@@ -71,20 +74,90 @@ def rank_message(module: str, name: str, shape: tuple[int, ...], ndim: int) -> s
   return message
 
 
-def check_rank(x: jax.Array, num_spatial: int, module: str, name: str = "inputs") -> bool:
-  """Checks the rank against ``num_spatial`` and returns whether ``x`` is batched."""
-  if x.ndim not in (num_spatial + 2, num_spatial + 1):
+def batch_shape(x: jax.Array, num_spatial: int, module: str, name: str = "inputs"
+                ) -> tuple[int, ...]:
+  """The batch axes of ``x`` before its ``num_spatial`` spatial axes and channel axis.
+
+  ``(*spatial, C)`` has none, ``(N, *spatial, C)`` one, and any number of leading
+  axes are batch axes, as in ``flax.nnx.max_pool``.
+  """
+  if x.ndim < num_spatial + 1:
     raise ValueError(rank_message(module, name, tuple(x.shape), num_spatial))
-  return x.ndim == num_spatial + 2
+  return tuple(x.shape[:x.ndim - num_spatial - 1])
+
+
+class ChannelsFirstWarning(UserWarning):
+  """An input with no ``in_features`` to check looks channels-first (NCHW) by its shape.
+
+  Silence it for a layer by passing ``in_features=C``, which checks the channel
+  axis instead, or with ``warnings.filterwarnings("ignore",
+  category=nnx_pool.ChannelsFirstWarning)``.
+  """
+
+
+# A 2-D (3-D) input looks channels-first when the axis before its spatial dims in a
+# channels-first reading holds at most this many entries (grey, RGB, RGBA)...
+_FEW_CHANNELS = 4
+# ...and its last two axes are equal and at least this long (a square image).
+_MIN_SIDE = 8
+
+
+def looks_channels_first(shape: tuple[int, ...], num_spatial: int) -> bool:
+  """Whether a channels-last ``shape`` reads better as channels-first (NCHW or NCDHW).
+
+  The rule: 2-D or 3-D, the axis where NCHW keeps its channels (``shape[-3]``
+  in 2-D, ``shape[-4]`` in 3-D) has at most 4 entries, and the last two axes
+  are equal and at least 8: ``(N, 3, 224, 224)``. Read channels-last, that is
+  a map at most 4 rows high whose width equals its channel count. Over the
+  stage outputs of common CNNs (ResNet, VGG, MobileNet, EfficientNet, ConvNeXt
+  and ViT patch grids at 32 to 512 pixels; ``tests/test_layout.py``) it flags
+  none; 1-D inputs are never flagged.
+  """
+  if num_spatial == 1 or len(shape) < num_spatial + 1:
+    return False
+  channels = shape[-num_spatial - 1]
+  return channels <= _FEW_CHANNELS and shape[-1] == shape[-2] >= _MIN_SIDE
+
+
+# Each module instance warns once: those that have (held weakly).
+_warned: weakref.WeakSet = weakref.WeakSet()
+
+
+def _outside_stacklevel() -> int:
+  """The ``stacklevel`` of the first caller outside nnx_pool, for a warning's location."""
+  frame, level = sys._getframe(1), 1
+  while frame is not None and frame.f_globals.get("__name__", "").startswith("nnx_pool"):
+    frame, level = frame.f_back, level + 1
+  return level
+
+
+def warn_channels_first(x: jax.Array, num_spatial: int, module: str, owner=None) -> None:
+  """Warns (:class:`ChannelsFirstWarning`) when ``x`` looks channels-first; once per ``owner``."""
+  if not looks_channels_first(tuple(x.shape), num_spatial):
+    return
+  if owner is not None:
+    if owner in _warned:
+      return
+    _warned.add(owner)
+  axis = x.ndim - num_spatial - 1
+  warnings.warn(
+      f"{module}: `inputs` of shape {tuple(x.shape)} looks channels-first (NCHW: "
+      f"{x.shape[axis]} channels on axis {axis}); this layer is channels-last and reads "
+      f"{x.shape[-1]} channels on the last axis. If that is a mistake, use "
+      f"jnp.moveaxis(x, {axis}, -1); if not, pass in_features={x.shape[-1]} to check the "
+      "channels and silence this warning.",
+      ChannelsFirstWarning,
+      stacklevel=_outside_stacklevel(),
+  )
 
 
 def check_features(
-    x: jax.Array, in_features: int | None, batched: bool, module: str, name: str = "inputs"
+    x: jax.Array, in_features: int | None, num_spatial: int, module: str, name: str = "inputs"
 ) -> None:
   """Checks the channel axis (last) against ``in_features``, and names an NCHW mistake."""
   if in_features is None or x.shape[-1] == in_features:
     return
-  channel_first_axis = 1 if batched else 0
+  channel_first_axis = x.ndim - num_spatial - 1
   message = (
       f"{module}: `{name}` must be channels-last with in_features={in_features} on the "
       f"last axis; got shape {tuple(x.shape)}."
@@ -132,15 +205,27 @@ def prepare(
     kind: DtypeKind,
     module: str,
     in_features: int | None = None,
-) -> tuple[jax.Array, bool]:
-  """Runs every input check and returns ``(x with a batch axis, was_batched)``."""
+    owner=None,
+) -> tuple[jax.Array, tuple[int, ...]]:
+  """Runs every input check; returns ``x`` as ``(N, *spatial, C)`` and its batch shape.
+
+  The batch axes (none, one or several) are flattened into one, ``N``, which is 1
+  for an unbatched input; :func:`unbatch` restores them. ``owner``, the calling
+  module, warns once of an input that looks channels-first.
+  """
   x = as_array(x)
   check_dtype(x, kind, module)
-  batched = check_rank(x, num_spatial, module)
-  check_features(x, in_features, batched, module)
-  return (x if batched else x[None]), batched
+  batch = batch_shape(x, num_spatial, module)
+  check_features(x, in_features, num_spatial, module)
+  if in_features is None:
+    warn_channels_first(x, num_spatial, module, owner)
+  if len(batch) != 1:
+    x = x.reshape(math.prod(batch), *x.shape[len(batch):])
+  return x, batch
 
 
-def unbatch(out, batched: bool):
-  """Drops the batch axis that :func:`prepare` added, from an array or a tuple of them."""
-  return out if batched else jax.tree.map(lambda a: a[0], out)
+def unbatch(out, batch: tuple[int, ...]):
+  """Gives an array (or a tuple of them) from :func:`prepare`'s ``N`` back its batch axes."""
+  if len(batch) == 1:
+    return out
+  return jax.tree.map(lambda a: a.reshape(*batch, *a.shape[1:]), out)

@@ -21,6 +21,8 @@ places padding as lax and Flax do.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +30,7 @@ from flax import nnx
 from jax import lax
 
 from nnx_pool import _kernels
-from nnx_pool._args import check_bool, check_number, check_positive_int
+from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names
 from nnx_pool._backend import current_implementation
 from nnx_pool._geometry import MAX_SIZE, PaddingLike, Window
 from nnx_pool._layout import check_in_features, check_plane_indexable, prepare, unbatch
@@ -85,28 +87,38 @@ def _lp_norm(x, geom, norm_type: float, size: int, implementation: str):
   return jnp.power(mean * float(size), 1.0 / p).astype(x.dtype)
 
 
-def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name):
-  x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
-  geom = window.resolve(x.shape[1:-1])
+# The adaptive pool that fits any input, named where a window does not fit.
+_ADAPTIVE = {"avg": {"AvgPool": "AdaptiveAvgPool", "avg_pool": "adaptive_avg_pool"},
+             "max": {"MaxPool": "AdaptiveMaxPool", "max_pool": "adaptive_max_pool"},
+             "min": {}}
+
+
+def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name,
+         owner=None):
+  x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
+                     owner=owner)
+  geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE["avg"].get(name))
   y = _average(x, geom, count_include_pad, divisor_override, current_implementation())
-  return unbatch(y, batched)
+  return unbatch(y, batch)
 
 
 def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, in_features,
-            name):
-  x, batched = prepare(inputs, window.ndim, kind="ordered", module=name, in_features=in_features)
+            name, owner=None):
+  x, batch = prepare(inputs, window.ndim, kind="ordered", module=name, in_features=in_features,
+                     owner=owner)
   if return_indices:
     check_plane_indexable(
         x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
-  geom = window.resolve(x.shape[1:-1])
-  return unbatch(_extremum(x, geom, kind, return_indices, current_implementation()), batched)
+  geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE[kind].get(name))
+  return unbatch(_extremum(x, geom, kind, return_indices, current_implementation()), batch)
 
 
-def _lp(inputs, window: Window, norm_type: float, in_features, name):
-  x, batched = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features)
-  geom = window.resolve(x.shape[1:-1])
+def _lp(inputs, window: Window, norm_type: float, in_features, name, owner=None):
+  x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
+                     owner=owner)
+  geom = window.resolve(x.shape[1:-1], name, takes_padding=False)
   y = _lp_norm(x, geom, norm_type, window.size, current_implementation())
-  return unbatch(y, batched)
+  return unbatch(y, batch)
 
 
 # ----------------------------------------------------------------------------
@@ -114,24 +126,50 @@ def _lp(inputs, window: Window, norm_type: float, in_features, name):
 # ----------------------------------------------------------------------------
 
 
+class _Required:
+  """The default of the functions' ``strides``: there is none (:func:`_check_strides_given`)."""
+
+  def __repr__(self) -> str:
+    return "<required>"
+
+
+REQUIRED: Any = _Required()
+
+
+def _check_strides_given(strides, window_shape, kind: str) -> None:
+  """Refuses an omitted (or None) ``strides``, whose default Flax and PyTorch disagree on."""
+  if strides is not REQUIRED and strides is not None:
+    return
+  got = "got None" if strides is None else "was omitted"
+  module = {"avg": "AvgPool", "max": "MaxPool", "min": "MinPool"}[kind]
+  raise TypeError(
+      f"{kind}_pool: `strides` has no default in nnx_pool.functional, and {got}. "
+      f"flax.nnx.{kind}_pool defaults it to 1 (and reads None as 1); PyTorch's pools and "
+      f"nnx_pool.{module} to the window. Pass it: strides={window_shape!r} for PyTorch's "
+      "convention, strides=1 for Flax's."
+  )
+
+
+@flax_names
 def avg_pool(
-    inputs, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    inputs, window_shape, strides=REQUIRED, padding: PaddingLike = "VALID", *,
     num_spatial_dims: int | None = None, ceil_mode: bool = False,
     count_include_pad: bool = True, divisor_override: int | None = None,
     in_features: int | None = None,
 ) -> jax.Array:
-  """The function form of :class:`AvgPool`: the same arguments, defaults and checks.
+  """The function form of :class:`AvgPool`: the same arguments and checks; ``strides`` required.
 
   Example usage::
 
     >>> import jax.numpy as jnp
     >>> from nnx_pool import functional as F
-    >>> F.avg_pool(jnp.arange(16.0).reshape(1, 4, 4, 1), 2)[0, ..., 0]
+    >>> F.avg_pool(jnp.arange(16.0).reshape(1, 4, 4, 1), 2, 2)[0, ..., 0]
     Array([[ 2.5,  4.5],
            [10.5, 12.5]], dtype=float32)
   """
+  _check_strides_given(strides, window_shape, "avg")
   window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode,
-                         num_spatial_dims=num_spatial_dims)
+                         num_spatial_dims=num_spatial_dims, layer="avg_pool")
   return _avg(inputs, window, check_bool(count_include_pad, "count_include_pad"),
               _check_divisor_override(divisor_override), check_in_features(in_features),
               "avg_pool")
@@ -139,18 +177,20 @@ def avg_pool(
 
 def _select_pool(kind: _kernels.Kind, inputs, window_shape, strides, padding, num_spatial_dims,
                  dilation, ceil_mode, return_indices, in_features):
+  _check_strides_given(strides, window_shape, kind)
   window = Window.create(window_shape, strides, padding, dilation=dilation, ceil_mode=ceil_mode,
-                         num_spatial_dims=num_spatial_dims)
+                         num_spatial_dims=num_spatial_dims, layer=f"{kind}_pool")
   return _select(inputs, window, kind, check_bool(return_indices, "return_indices"),
                  check_in_features(in_features), f"{kind}_pool")
 
 
+@flax_names
 def max_pool(
-    inputs, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    inputs, window_shape, strides=REQUIRED, padding: PaddingLike = "VALID", *,
     num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
     return_indices: bool = False, in_features: int | None = None,
 ):
-  """The function form of :class:`MaxPool`: the same arguments, defaults and checks.
+  """The function form of :class:`MaxPool`: the same arguments and checks; ``strides`` required.
 
   Example usage::
 
@@ -167,16 +207,18 @@ def max_pool(
                       ceil_mode, return_indices, in_features)
 
 
+@flax_names
 def min_pool(
-    inputs, window_shape, strides=None, padding: PaddingLike = "VALID", *,
+    inputs, window_shape, strides=REQUIRED, padding: PaddingLike = "VALID", *,
     num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
     return_indices: bool = False, in_features: int | None = None,
 ):
-  """The function form of :class:`MinPool`: the same arguments, defaults and checks."""
+  """The function form of :class:`MinPool`: the same arguments and checks; ``strides`` required."""
   return _select_pool("min", inputs, window_shape, strides, padding, num_spatial_dims, dilation,
                       ceil_mode, return_indices, in_features)
 
 
+@flax_names
 def lp_pool(
     inputs, norm_type: float, window_shape, strides=None, *,
     num_spatial_dims: int | None = None, ceil_mode: bool = False,
@@ -237,6 +279,7 @@ class AvgPool(nnx.Module):
       (default None: not checked).
   """
 
+  @flax_names
   def __init__(
       self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
       num_spatial_dims: int | None = None, ceil_mode: bool = False,
@@ -244,7 +287,7 @@ class AvgPool(nnx.Module):
       in_features: int | None = None,
   ):
     self.window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode,
-                                num_spatial_dims=num_spatial_dims)
+                                num_spatial_dims=num_spatial_dims, layer=type(self).__name__)
     self.count_include_pad = check_bool(count_include_pad, "count_include_pad")
     self.divisor_override = _check_divisor_override(divisor_override)
     self.in_features = check_in_features(in_features)
@@ -252,7 +295,7 @@ class AvgPool(nnx.Module):
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
     return _avg(inputs, self.window, self.count_include_pad, self.divisor_override,
-                self.in_features, type(self).__name__)
+                self.in_features, type(self).__name__, self)
 
 
 class _SelectPool(nnx.Module):
@@ -260,13 +303,15 @@ class _SelectPool(nnx.Module):
 
   _kind: _kernels.Kind
 
+  @flax_names
   def __init__(
       self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
       num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
       return_indices: bool = False, in_features: int | None = None,
   ):
     self.window = Window.create(window_shape, strides, padding, dilation=dilation,
-                                ceil_mode=ceil_mode, num_spatial_dims=num_spatial_dims)
+                                ceil_mode=ceil_mode, num_spatial_dims=num_spatial_dims,
+                                layer=type(self).__name__)
     self.return_indices = check_bool(return_indices, "return_indices")
     self.in_features = check_in_features(in_features)
 
@@ -279,7 +324,7 @@ class _SelectPool(nnx.Module):
       selected element (PyTorch's convention, ``h * W + w`` in 2-D) in the same shape.
     """
     return _select(inputs, self.window, self._kind, self.return_indices, self.in_features,
-                   type(self).__name__)
+                   type(self).__name__, self)
 
 
 class MaxPool(_SelectPool):
@@ -385,6 +430,7 @@ class LPPool(nnx.Module):
       (default None: not checked).
   """
 
+  @flax_names
   def __init__(
       self, norm_type: float, window_shape, strides=None, *,
       num_spatial_dims: int | None = None, ceil_mode: bool = False,
@@ -397,4 +443,4 @@ class LPPool(nnx.Module):
 
   def __call__(self, inputs) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
-    return _lp(inputs, self.window, self.norm_type, self.in_features, type(self).__name__)
+    return _lp(inputs, self.window, self.norm_type, self.in_features, type(self).__name__, self)

@@ -15,16 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from nnx_pool._args import flax_names
 from nnx_pool._geometry import PaddingLike, Window, as_tuple, effective_window
 from nnx_pool._kernels import kernel
-from nnx_pool._layout import (
-  as_array,
-  check_dtype,
-  check_features,
-  check_in_features,
-  check_plane_indexable,
-  check_rank,
-)
+from nnx_pool._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
 
 
 def default_output_size(window: Window, input_size: Sequence[int]) -> tuple[int, ...]:
@@ -53,8 +47,8 @@ def _output_size(window: Window, input_size: tuple[int, ...], output_size) -> tu
   if output_size is None:
     size = default_output_size(window, input_size)
   else:
-    if isinstance(output_size, Sequence) and len(output_size) in (ndim + 1, ndim + 2):
-      output_size = tuple(output_size)[-ndim - 1:-1]  # a full (N, *spatial, C) shape
+    if isinstance(output_size, Sequence) and len(output_size) > ndim:
+      output_size = tuple(output_size)[-ndim - 1:-1]  # a full (*batch, *spatial, C) shape
     size = as_tuple(output_size, ndim, "output_size")
     if window.padding == "SAME":
       pooled = window.resolve(size).out_shape
@@ -77,21 +71,20 @@ def _output_size(window: Window, input_size: tuple[int, ...], output_size) -> tu
   return size
 
 
-def _max_unpool(inputs, indices, window: Window, output_size, in_features, name) -> jax.Array:
-  x = as_array(inputs)
+def _max_unpool(inputs, indices, window: Window, output_size, in_features, name,
+                owner=None) -> jax.Array:
+  shape = tuple(as_array(inputs).shape)
   indices = as_array(indices, "indices")
-  check_dtype(x, "ordered", name)
-  batched = check_rank(x, window.ndim, name)
-  check_features(x, in_features, batched, name)
-  if indices.shape != x.shape:
+  x, batch = prepare(inputs, window.ndim, kind="ordered", module=name, in_features=in_features,
+                     owner=owner)
+  if indices.shape != shape:
     raise ValueError(
-        f"{name}: `indices` must have the shape of `inputs` {tuple(x.shape)}; got "
+        f"{name}: `indices` must have the shape of `inputs` {shape}; got "
         f"{tuple(indices.shape)}."
     )
   if not jnp.issubdtype(indices.dtype, jnp.integer):
     raise TypeError(f"{name}: `indices` must be integers; got dtype {indices.dtype}.")
-  if not batched:
-    x, indices = x[None], indices[None]
+  indices = indices.reshape(x.shape)
   size = _output_size(window, tuple(x.shape[1:-1]), output_size)
   plane = math.prod(size)
   try:
@@ -105,10 +98,10 @@ def _max_unpool(inputs, indices, window: Window, output_size, in_features, name)
           f"{name}: `indices` must lie in [0, {plane}) for output size {size}; got values "
           f"in [{low}, {high}]."
       )
-  y = _unpool(x, indices.astype(jnp.int32), size)
-  return y if batched else y[0]
+  return unbatch(_unpool(x, indices.astype(jnp.int32), size), batch)
 
 
+@flax_names
 def max_unpool(
     inputs, indices, window_shape, strides=None, padding: PaddingLike = "VALID", *,
     num_spatial_dims: int | None = None, dilation=1, output_size=None,
@@ -132,7 +125,7 @@ def max_unpool(
            [ 0.,  0.,  0.,  0.,  0.]], dtype=float32)
   """
   window = Window.create(window_shape, strides, padding, dilation=dilation,
-                         num_spatial_dims=num_spatial_dims)
+                         num_spatial_dims=num_spatial_dims, layer="max_unpool")
   return _max_unpool(inputs, indices, window, output_size, check_in_features(in_features),
                      "max_unpool")
 
@@ -181,10 +174,11 @@ class MaxUnpool(nnx.Module):
       (default None).
   """
 
+  @flax_names
   def __init__(self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
                num_spatial_dims: int | None = None, dilation=1, in_features: int | None = None):
     self.window = Window.create(window_shape, strides, padding, dilation=dilation,
-                                num_spatial_dims=num_spatial_dims)
+                                num_spatial_dims=num_spatial_dims, layer=type(self).__name__)
     self.in_features = check_in_features(in_features)
 
   def default_output_size(self, input_size: Sequence[int]) -> tuple[int, ...]:
@@ -211,7 +205,7 @@ class MaxUnpool(nnx.Module):
       ``(N, *output_size, C)`` (or ``(*output_size, C)``), zero where no index points.
     """
     return _max_unpool(inputs, indices, self.window, output_size, self.in_features,
-                       type(self).__name__)
+                       type(self).__name__, self)
 
 
 @kernel(static_argnums=2)

@@ -236,7 +236,7 @@ def test_gates_argument_errors():
     EfficientChannelAttention(rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="`spatial_kernel_size` must be odd"):
     CBAM(8, spatial_kernel_size=6, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="rank 4 or 3"):
+  with pytest.raises(ValueError, match=r"so rank 3 or more; got shape \(8,\)"):
     build(SqueezeExcitation, 8)(jnp.ones((8,)))
 
 
