@@ -1,8 +1,9 @@
 """``check --html OUT``: the report as one self-contained HTML page.
 
 The page holds both environments' stamps side by side (changed values marked),
-the table the CLI prints (one line per case, so a passing case takes one line),
-and a section for every failing case: its details and, for each failing array,
+the table the CLI prints (one line per case, so a passing case takes one line;
+failures first, in the order of :data:`ORDER`), and a section for every failing
+case, in the same order: its details and, for each failing array,
 one figure of three heatmaps, the baseline, the new result and
 ``|new - baseline|``, with the cells over tolerance outlined and the tolerance
 in the caption. Index and other integer results show the cells that differ
@@ -43,6 +44,9 @@ from nnx_pool.regression.tolerance import is_float
 
 INSTALL = "pip install 'nnx-pool[report]'"
 MISSING = f"--html needs matplotlib: {INSTALL}"
+# The page lists cases by status in this order, the batch's order within a status: what
+# moved first, then what could not run, then what must be re-recorded, then the rest.
+ORDER = ("FAIL", "ERROR", "STALE", "NEW", "GONE", "PASS", "RECORDED")
 # Arrays drawn beyond each failing case's first (about 25 KB of page and 0.2 s each).
 MAX_FIGURES = 48
 # Slices up to this many rows and columns get their integer values written in the cells.
@@ -123,9 +127,10 @@ def render_html(report: Report, *, progress: Progress | None = None) -> str:
   line = [summary] if summary else []
   line += [verdict, f"baseline {report.baseline or '-'}"]
   parts.append(f"<p>{' &middot; '.join(_e(s) for s in line)}</p>")
+  rows = page_order(report.rows)
   parts += _headers(report)
-  parts += _table(report.rows, summary)
-  parts += _failures(report.rows, progress)
+  parts += _table(rows, summary)
+  parts += _failures(rows, progress)
   parts += _stamps(report)
   timed = timing_lines(report.timings)
   if timed:
@@ -134,6 +139,23 @@ def render_html(report: Report, *, progress: Progress | None = None) -> str:
   if report.notes:
     parts += ["<h2>Notes</h2>", "<ul>", *(f"<li>{_e(n)}</li>" for n in report.notes), "</ul>"]
   return "\n".join([*parts, "</body></html>", ""])
+
+
+def page_order(rows: Sequence[Row]) -> list[Row]:
+  """The rows as the page lists them: by status in :data:`ORDER` (an unknown status last),
+  the batch's order within a status."""
+  rank = {status: i for i, status in enumerate(ORDER)}
+  return sorted(rows, key=lambda row: rank.get(row.status, len(ORDER)))
+
+
+def closing_line(path: str | os.PathLike) -> str:
+  """The line ``check --html`` and ``rehearse --html`` print once the page at ``path`` is
+  written: it speaks of heatmaps only when the page holds some."""
+  with open(path, encoding="utf-8") as page:
+    figures = page.read().count("<figure>")
+  if figures:
+    return f"(the HTML report, with heatmaps of the failing arrays, is in {path})"
+  return f"(the HTML report is in {path})"
 
 
 def _e(text: Any) -> str:

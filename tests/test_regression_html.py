@@ -119,6 +119,42 @@ def test_html_passing_cases_take_one_line_each(checked):
   assert "max_k2_one" not in rest
 
 
+def test_html_lists_failures_first(checked):
+  # The batch ran max_k2_one (PASS), then the two failing cases; the page leads with those.
+  page = checked["page"]
+  cases = page[page.index("<h2>Cases</h2>"):page.index("<h2>Failures</h2>")]
+  shown = [line.split()[0] for line in re.sub(r"<[^>]+>", "", cases).splitlines()[2:-1]]
+  assert shown == ["max_k2_indices_bf16_one", "avg_k2_one", "max_k2_one"]
+
+
+def test_html_orders_cases_by_status_then_batch_order():
+  statuses = {"a": "PASS", "b": "GONE", "c": "FAIL", "d": "NEW", "e": "STALE", "f": "ERROR",
+              "g": "PASS", "h": "FAIL"}  # in batch order
+  report = Report(command="check", exit_code=1, rows=[
+      Row(name, status, details=[] if status == "PASS" else [f"{name} failed"])
+      for name, status in statuses.items()])
+  page = html.render_html(report)
+  cases = page[page.index("<h2>Cases</h2>"):page.index("<h2>Failures</h2>")]
+  shown = [line.split()[0] for line in re.sub(r"<[^>]+>", "", cases).splitlines()[2:-1]]
+  assert shown == ["c", "h", "f", "e", "d", "b", "a", "g"]  # FAIL ERROR STALE NEW GONE PASS
+  sections = re.findall(r'<section id="case-(\w+)">', page)
+  assert sections == ["c", "h", "f", "e", "d", "b"]
+  assert [r.case for r in report.rows] == list(statuses)  # the report itself keeps batch order
+
+
+def test_html_closing_line_speaks_of_heatmaps_only_when_the_page_has_one(checked, tmp_path):
+  drawn = checked["dir"] / "r.html"
+  assert html.closing_line(drawn) == (
+      f"(the HTML report, with heatmaps of the failing arrays, is in {drawn})")
+  # Every case passes, or fails without an array to draw (STALE, NEW): no heatmap on the page.
+  for rows in ([Row("a", "PASS", 0.0, 0.0, "exact")],
+               [Row("a", "STALE", details=["declaration changed"]), Row("b", "NEW")]):
+    path = tmp_path / "r.html"
+    html.write_html(Report(command="check", rows=rows), path)
+    assert "<img" not in path.read_text()
+    assert html.closing_line(path) == f"(the HTML report is in {path})"
+
+
 def test_html_holds_both_stamps_the_changes_and_the_table(checked):
   page, out = checked["page"], checked["out"]
   assert "this run: python " in page and "baseline: python " in page
