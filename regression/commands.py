@@ -20,10 +20,11 @@ import numpy as np
 
 from nnx_pool.regression import store
 from nnx_pool.regression.batch import Case, matches, select
-from nnx_pool.regression.compare import compare_arrays
+from nnx_pool.regression.compare import Verdict, compare_arrays
 from nnx_pool.regression.report import FAILING, FailedArray, Report, Row, Timing, recorded_label
 from nnx_pool.regression.runner import (
     UNBATCHED_INPUTS,
+    Execution,
     compare_results,
     make_mesh,
     role_of,
@@ -260,11 +261,14 @@ def check(
     if entry is None:
       report.rows.append(Row(case.name, "NEW", details=["not in the baseline; re-record it"]))
       continue
+    stored = _case_arrays(base, case.name)
     changed = _declaration_changes(entry["declaration"], case.describe())
     if changed:
-      report.rows.append(Row(case.name, "STALE", details=changed))
+      row, run = _stale_row(case, entry, changed, stored, reps=reps, mesh=mesh)
+      report.rows.append(row)
+      if run is not None:
+        placements[run.placement] = placements.get(run.placement, 0) + 1
       continue
-    stored = _case_arrays(base, case.name)
     run = run_case(case, {k: v for k, v in stored.items() if _is_input(k)}, reps=reps, mesh=mesh)
     row = _compare_run(case, entry, run, stored)
     placements[run.placement] = placements.get(run.placement, 0) + 1
@@ -315,24 +319,94 @@ def _compare_run(
   if run.error:
     return Row(case.name, "ERROR", details=[run.error])
   row = Row(case.name, "PASS", 0.0, 0.0, _label(case, run.tolerances))
+  if _compare_into(row, case, entry, run, stored):
+    row.status = "FAIL"
+  return row
+
+
+def _stale_row(
+    case: Case, entry: Mapping[str, Any], changed: list[str], stored: Mapping[str, np.ndarray],
+    *, reps: int, mesh: Any,
+) -> tuple[Row, Execution | None]:
+  """A STALE row: what changed in the declaration, then how far the results moved.
+
+  The case runs on the stored inputs and its results are compared with the stored
+  ones as a FAIL's are, under the case's tolerance now, so the row shows whether the
+  change mattered before anyone re-records; the status stays STALE. An array whose
+  dtype or shape changed is named, without numbers; where the output's shape changed,
+  the gradient is taken for a fresh cotangent of its new shape, as re-recording would.
+  Nothing runs where no result can correspond: an error case on either side, or
+  another input or dtype declared.
+
+  Returns:
+    ``(row, the run or None)``.
+  """
+  row = Row(case.name, "STALE", details=list(changed))
+  before = entry["declaration"]
+  if case.raises is not None or before.get("raises"):
+    row.details.append("no numbers: an error case has no results to compare")
+    return row, None
+  if (before.get("input"), before.get("dtype")) != (case.input, case.dtype):
+    row.details.append(
+        f"no numbers: the baseline's results are of input {before.get('input')!r} "
+        f"{before.get('dtype')}, the case now takes {case.input!r} {case.dtype}")
+    return row, None
+  run = run_case(case, {k: v for k, v in stored.items() if _is_input(k)}, reps=reps, mesh=mesh)
+  if run.error:
+    row.details.append(f"no numbers: the case does not run on the stored inputs ({run.error})")
+    return row, run
+  row.tolerance = _label(case, run.tolerances)
+  if not _compare_into(row, case, entry, run, stored, stale=True):
+    row.details.append(
+        "run on the stored inputs, every result is within its tolerance of the baseline's")
+  return row, run
+
+
+def _compare_into(
+    row: Row, case: Case, entry: Mapping[str, Any], run: Any, stored: Mapping[str, np.ndarray],
+    *, stale: bool = False,
+) -> bool:
+  """Compares every result of ``run`` with the baseline's, into ``row``'s numbers and details.
+
+  Args:
+    stale: the row is STALE: an array whose dtype or shape changed adds a detail but no
+      numbers (for a FAIL it counts as an infinite error).
+
+  Returns:
+    Whether anything differs (a detail was added).
+  """
+  found = len(row.details)
   for key, verdict in compare_results(run, stored, entry["results"]).items():
     if isinstance(verdict, str):
       row.details.append(f"{key}: {verdict}")
       continue
     tol = run.tolerances[key]
-    row.arrays[key] = {**verdict.to_json(), "tolerance": tol.to_json()}
-    row.max_abs = max(row.max_abs, verdict.max_abs)
-    row.max_rel = max(row.max_rel, verdict.max_rel)
+    if stale and not _same_layout(split_copies(key, run.results[key], run.copies)[0],
+                                  stored[key]):
+      row.details.append(f"{key}: {verdict.message}; no numbers for it")
+      continue
+    _add_verdict(row, key, verdict, tol)
     if not verdict.passed:
-      row.details.append(f"{key}: {verdict.message} [{tol.describe()}]")
       failed = _failed_array(case, run, key, stored[key])
       if failed is not None:
         row.failed[key] = failed
   if entry["jit_eager_agree"] and run.jit_eager_agree is False:
     row.details.append("jit and eager results agreed in the baseline and now disagree")
-  if row.details:
-    row.status = "FAIL"
-  return row
+  return len(row.details) > found
+
+
+def _same_layout(a: np.ndarray, b: np.ndarray) -> bool:
+  return a.dtype == b.dtype and a.shape == b.shape
+
+
+def _add_verdict(row: Row, key: str, verdict: Verdict, tol: Tolerance) -> None:
+  """One array's numbers into ``row``: its verdict, the row's largest errors, a detail if it
+  failed."""
+  row.arrays[key] = {**verdict.to_json(), "tolerance": tol.to_json()}
+  row.max_abs = max(row.max_abs or 0.0, verdict.max_abs)
+  row.max_rel = max(row.max_rel or 0.0, verdict.max_rel)
+  if not verdict.passed:
+    row.details.append(f"{key}: {verdict.message} [{tol.describe()}]")
 
 
 def _failed_array(case: Case, run: Any, key: str, expected: np.ndarray) -> FailedArray | None:
@@ -395,40 +469,85 @@ def _diff_case(
     name: str, ea: Mapping[str, Any], eb: Mapping[str, Any],
     arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray],
 ) -> Row:
-  if _declaration_changes(ea["declaration"], eb["declaration"]):
-    return Row(name, "STALE", details=_declaration_changes(ea["declaration"], eb["declaration"]))
+  changed = _declaration_changes(ea["declaration"], eb["declaration"])
   raises = ea["declaration"].get("raises")
+  if changed:
+    return _diff_stale(name, changed, ea, eb, arrays_a, arrays_b)
   if raises:
     label = f"raises {raises['type']}"
     same = (ea["raises"] or {}).get("type") == (eb["raises"] or {}).get("type")
     return Row(name, "PASS" if same else "FAIL", tolerance=label,
                details=[] if same else [f"raised {ea['raises']} vs {eb['raises']}"])
-  empty = np.zeros(0)
-  inputs_differ = [
-      k for k in sorted(set(ea["inputs"]) | set(eb["inputs"]))
-      if store.digest(arrays_a.get(k, empty)) != store.digest(arrays_b.get(k, empty))
-  ]
+  inputs_differ = _inputs_differ(ea, eb, arrays_a, arrays_b)
   if inputs_differ:
     detail = f"inputs differ ({', '.join(inputs_differ)}): not comparable"
     return Row(name, "FAIL", details=[detail])
-  out_tol = ea["results"].get("output")
-  row = Row(name, "PASS", 0.0, 0.0, Tolerance.from_json(out_tol).describe() if out_tol else "-")
+  row = Row(name, "PASS", 0.0, 0.0, _tolerance_label(ea))
+  if _diff_into(row, ea, eb, arrays_a, arrays_b):
+    row.status = "FAIL"
+  return row
+
+
+def _inputs_differ(ea: Mapping[str, Any], eb: Mapping[str, Any],
+                   arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray],
+                   ) -> list[str]:
+  empty = np.zeros(0)
+  return [
+      k for k in sorted(set(ea["inputs"]) | set(eb["inputs"]))
+      if store.digest(arrays_a.get(k, empty)) != store.digest(arrays_b.get(k, empty))
+  ]
+
+
+def _tolerance_label(entry: Mapping[str, Any]) -> str:
+  out_tol = entry["results"].get("output")
+  return Tolerance.from_json(out_tol).describe() if out_tol else "-"
+
+
+def _diff_stale(
+    name: str, changed: list[str], ea: Mapping[str, Any], eb: Mapping[str, Any],
+    arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray],
+) -> Row:
+  """A STALE row of ``diff``: the declaration changes, then how far B's results are from A's
+  where both were computed from the same inputs (as :func:`_stale_row` for ``check``)."""
+  row = Row(name, "STALE", details=list(changed))
+  if ea["declaration"].get("raises") or eb["declaration"].get("raises"):
+    row.details.append("no numbers: an error case has no results to compare")
+    return row
+  # The cotangent follows the output's shape: when that changed, the details name it.
+  differ = [k for k in _inputs_differ(ea, eb, arrays_a, arrays_b)
+            if k != "cotangent" or np.shape(arrays_a.get(k, ())) == np.shape(arrays_b.get(k, ()))]
+  if differ:
+    row.details.append(f"no numbers: inputs differ ({', '.join(differ)})")
+    return row
+  row.tolerance = _tolerance_label(ea)
+  if not _diff_into(row, ea, eb, arrays_a, arrays_b, stale=True):
+    row.details.append("every result of B is within its tolerance of A's")
+  return row
+
+
+def _diff_into(
+    row: Row, ea: Mapping[str, Any], eb: Mapping[str, Any],
+    arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray], *, stale: bool = False,
+) -> bool:
+  """Compares B's results with A's under A's tolerances, into ``row`` (see :func:`_compare_into`).
+
+  Returns:
+    Whether anything differs (a detail was added).
+  """
+  found = len(row.details)
   for key in sorted(set(ea["results"]) | set(eb["results"])):
     if key not in ea["results"] or key not in eb["results"]:
       row.details.append(f"{key}: present in only one baseline")
       continue
     tol = Tolerance.from_json(ea["results"][key])
     verdict = compare_arrays(arrays_b[key], arrays_a[key], tol)
-    row.arrays[key] = {**verdict.to_json(), "tolerance": tol.to_json()}
-    row.max_abs = max(row.max_abs, verdict.max_abs)
-    row.max_rel = max(row.max_rel, verdict.max_rel)
-    if not verdict.passed:
-      row.details.append(f"{key}: {verdict.message} [{tol.describe()}]")
+    if stale and not _same_layout(arrays_b[key], arrays_a[key]):
+      row.details.append(f"{key}: {verdict.message}; no numbers for it")
+      continue
+    _add_verdict(row, key, verdict, tol)
   if ea["jit_eager_agree"] != eb["jit_eager_agree"]:
     row.details.append(f"jit/eager agreement {ea['jit_eager_agree']} -> {eb['jit_eager_agree']}")
-  if row.details:
-    row.status = "FAIL"
-  return row
+  return len(row.details) > found
 
 
 # --------------------------------------------------------------------- info

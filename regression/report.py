@@ -13,8 +13,16 @@ lists every case past it. Statuses:
   raising. ``ERROR``: the case could not run.
 * ``NEW``: the batch has a case the baseline lacks. ``GONE``: the baseline has a
   case the batch no longer produces. ``STALE``: the case's declaration changed
-  since recording. All three mean the baseline must be re-recorded.
+  since recording; the case still runs on the stored inputs, and its row carries
+  how far the results moved as a FAIL's does (numbers, details, failed arrays), so
+  the reader sees whether the change mattered. An array whose dtype or shape
+  changed is named in the details without numbers. All three mean the baseline
+  must be re-recorded.
 * ``RECORDED``: written by ``record``.
+
+The table lists rows in the batch's order, as the progress line ran them, so that the
+tables of two runs compare line by line; the details below it name every row that did
+not pass. The HTML page lists failures first (:data:`nnx_pool.regression.html.ORDER`).
 """
 
 from __future__ import annotations
@@ -71,7 +79,8 @@ class Row:
   Attributes:
     case: the case name.
     status: one of PASS, FAIL, ERROR, NEW, GONE, STALE, RECORDED.
-    max_abs: the largest absolute error over the case's arrays (None: not compared).
+    max_abs: the largest absolute error over the case's arrays (None: not compared;
+      a STALE row has them where its results still have the baseline's shape).
     max_rel: the largest relative error.
     tolerance: a label for the tolerance of the case's main output.
     details: one line per problem (array, what differs).

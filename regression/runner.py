@@ -380,7 +380,9 @@ def run_case(
   Args:
     case: the case.
     stored: the case's stored inputs from a baseline (``input``, and where
-      present ``cotangent`` and ``weights/...``); None generates them.
+      present ``cotangent`` and ``weights/...``); None generates them. A stored
+      cotangent that no longer fits the output (its shape or dtype moved) is
+      generated anew, so that the comparison reports the output that moved.
     reps: the most timed steady-state calls.
     mesh: a mesh from :func:`make_mesh` to run sharded on (default: one device).
 
@@ -425,7 +427,9 @@ def _gradients(
 ) -> None:
   values = split_copies("output", run.results["output"], run.copies)[0]
   ct_np = stored.get("cotangent")
-  if ct_np is None:
+  if ct_np is None or ct_np.shape != values.shape or ct_np.dtype != values.dtype:
+    # None stored, or the output's shape or dtype moved: the VJP could not take the stored one,
+    # and the report should say that the output moved, not fail inside jax.vjp.
     ct_np = make_cotangent(values.shape, values.dtype)
   run.inputs["cotangent"] = ct_np
   if mesh is None:
