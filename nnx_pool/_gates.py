@@ -19,6 +19,15 @@ how many axes lie before the channels, so every axis before them is a batch
 axis; the channel gates pool over exactly those spatial axes and their
 one-pixel scale broadcasts back over them.
 
+The output has the input's dtype. The summaries (means over space or over
+channels) accumulate in float32 for float16/bfloat16 and are rounded to the
+input's dtype, as :class:`~nnx_pool.GlobalAvgPool` gives them; maxima are exact.
+The scale is computed in the layers' computation dtype: ``dtype`` when given,
+else the promotion of the summary and the parameters, so float32 for a
+bfloat16 input with the default ``param_dtype=float32``. The product
+``x * scale`` is taken in the wider of the two dtypes and rounded once to the
+input's dtype, so a bfloat16 model keeps bfloat16 activations.
+
 Every gate has a ``from_torch(state_dict, **options)`` classmethod that builds
 it from the state dict of the PyTorch module it mirrors (torch tensors or
 NumPy arrays; torch itself is not imported). Sizes come from the weights; the
@@ -42,7 +51,7 @@ from nnx_pool._args import (
   check_number,
   check_positive_int,
 )
-from nnx_pool._kernels import extremum, spatial_mean
+from nnx_pool._kernels import accumulation_dtype, extremum, spatial_mean, true_divide
 from nnx_pool._layout import check_nonempty_spatial, prepare, unbatch
 
 Activation = Callable[[jax.Array], jax.Array]
@@ -69,6 +78,11 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
 # ----------------------------------------------------------------------------
 # Argument checks and state-dict reading.
 # ----------------------------------------------------------------------------
+
+
+def _scaled(x: jax.Array, scale: jax.Array) -> jax.Array:
+  """``x * scale`` rounded once to ``x``'s dtype (the scale may be wider, e.g. float32)."""
+  return (x * scale).astype(x.dtype)
 
 
 def _to_numpy(value) -> np.ndarray:
@@ -261,7 +275,8 @@ class SqueezeExcitation(_Gate):
     gate: maps the expanded vector to the scale (default ``nnx.sigmoid``).
     use_bias: whether both maps have a bias (default True).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
-    dtype: the computation dtype (default None: inferred from inputs and params).
+    dtype: the computation dtype of the scale (default None: the promotion of the pooled
+      summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
     rngs: random number streams for the initial parameters.
   """
@@ -276,11 +291,10 @@ class SqueezeExcitation(_Gate):
     self._init_mlp(activation, gate, use_bias, num_spatial_dims, dtype, param_dtype, rngs)
 
   def __call__(self, inputs) -> jax.Array:
-    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
     scale = self.gate(self.fc2(self.activation(self.fc1(spatial_mean(x)))))
-    y = x * scale
-    return unbatch(y, batch)
+    return unbatch(_scaled(x, scale), batch)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, **options):
@@ -335,7 +349,8 @@ class EffectiveSqueezeExcitation(_Gate):
     gate: maps the projected vector to the scale (default ``jax.nn.hard_sigmoid``,
       ``relu6(x + 3) / 6``).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
-    dtype: the computation dtype (default None: inferred from inputs and params).
+    dtype: the computation dtype of the scale (default None: the promotion of the pooled
+      summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
     rngs: random number streams for the initial parameters.
   """
@@ -350,10 +365,9 @@ class EffectiveSqueezeExcitation(_Gate):
         self.in_features, self.in_features, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, inputs) -> jax.Array:
-    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
-    y = x * self.gate(self.fc(spatial_mean(x)))
-    return unbatch(y, batch)
+    return unbatch(_scaled(x, self.gate(self.fc(spatial_mean(x)))), batch)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, **options):
@@ -418,7 +432,8 @@ class EfficientChannelAttention(_Gate):
     beta: the offset of the kernel-size rule (default 1).
     gate: maps the convolved vector to the scale (default ``nnx.sigmoid``).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
-    dtype: the computation dtype (default None: inferred from inputs and params).
+    dtype: the computation dtype of the scale (default None: the promotion of the pooled
+      summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
     rngs: random number streams for the initial parameters.
   """
@@ -451,13 +466,12 @@ class EfficientChannelAttention(_Gate):
     )
 
   def __call__(self, inputs) -> jax.Array:
-    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
     pooled = spatial_mean(x)
     signal = pooled.reshape(x.shape[0], x.shape[-1], 1)  # channels as a 1-D signal
     scale = self.gate(self.conv(signal)).reshape(pooled.shape)
-    y = x * scale
-    return unbatch(y, batch)
+    return unbatch(_scaled(x, scale), batch)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, **options):
@@ -524,7 +538,8 @@ class CBAM(_Gate):
     use_bias: whether the MLP layers have a bias (default False, as timm).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2);
       the spatial convolution has that many dims.
-    dtype: the computation dtype (default None: inferred from inputs and params).
+    dtype: the computation dtype of the scale (default None: the promotion of the pooled
+      summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
     rngs: random number streams for the initial parameters.
   """
@@ -549,17 +564,21 @@ class CBAM(_Gate):
     self.spatial_norm = nnx.BatchNorm(1, momentum=0.9, epsilon=1e-5, **common)
 
   def __call__(self, inputs) -> jax.Array:
-    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has the input's shape."""
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
     space = tuple(range(1, x.ndim - 1))
 
     def mlp(v):
       return self.fc2(self.activation(self.fc1(v)))
 
-    x = x * self.gate(mlp(spatial_mean(x)) + mlp(extremum(x, space, "max", keepdims=True)))
+    x = _scaled(x, self.gate(mlp(spatial_mean(x)) + mlp(extremum(x, space, "max", keepdims=True))))
+    # The max before the mean: in the other order XLA:CPU fuses the sum differently, 1e-6
+    # away from the shipped baseline (recorded with this order).
     channel_max = extremum(x, -1, "max", keepdims=True)
-    maps = jnp.concatenate([jnp.mean(x, axis=-1, keepdims=True), channel_max], axis=-1)
-    y = x * self.gate(self.spatial_norm(self.spatial_conv(maps)))
+    channel_sum = jnp.sum(x, axis=-1, keepdims=True, dtype=accumulation_dtype(x.dtype))
+    channel_mean = true_divide(channel_sum, x.shape[-1]).astype(x.dtype)
+    maps = jnp.concatenate([channel_mean, channel_max], axis=-1)
+    y = _scaled(x, self.gate(self.spatial_norm(self.spatial_conv(maps))))
     return unbatch(y, batch)
 
   @classmethod
