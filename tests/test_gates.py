@@ -329,6 +329,30 @@ def _np_cbam_eval(cbam, x, rnd):
   return rnd(x1 * _sigmoid(z))
 
 
+def test_cbam_channel_mean_is_a_correctly_rounded_division():
+  # CBAM's spatial gate reads the mean over channels. It is the float32 sum divided by C,
+  # correctly rounded (PyTorch's x.mean(dim=1)); jnp.mean is XLA:CPU's sum * (1/C), one ULP
+  # off for about 1 sum in 5 when C = 5. Set up so that the output is x * mean exactly:
+  # zero MLP kernels and biases 0.5 give a channel scale of 1 (identity gate); the 1x1
+  # convolution [1, 0] keeps the mean; the norm has mean 0, var + 1e-5 = 1 in float32
+  # (rsqrt 1), scale 1, bias 0. Integer x makes every sum exact, so the expectation is
+  # NumPy's float32 division, rounded once more by the product.
+  cbam = build(CBAM, 5, 1, spatial_kernel_size=1, gate=identity, use_bias=True)
+  set_param(cbam.fc1.kernel, np.zeros((5, 1)))
+  set_param(cbam.fc2.kernel, np.zeros((1, 5)))
+  set_param(cbam.fc1.bias, [0.0])
+  set_param(cbam.fc2.bias, np.full(5, 0.5))
+  set_param(cbam.spatial_conv.kernel, np.array([1.0, 0.0]).reshape(1, 1, 2, 1))
+  norm = cbam.spatial_norm
+  set_param(norm.var, [np.float32(1) - np.float32(1e-5)])
+  for variable, value in ((norm.scale, 1.0), (norm.bias, 0.0), (norm.mean, 0.0)):
+    set_param(variable, [value])
+  cbam.eval()
+  x = np.random.default_rng(2).integers(-50, 51, (1, 8, 8, 5)).astype(np.float32)
+  mean = x.sum(-1, keepdims=True) / np.float32(5)  # exact sums, one correctly rounded division
+  np.testing.assert_array_equal(apply(cbam, x), x * mean)
+
+
 _NUMPY_GATES = {"se": _np_se, "ese": _np_ese, "eca": _np_eca, "cbam": _np_cbam_eval}
 
 
