@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx.nn.linear import default_bias_init, default_kernel_init
+from jax import lax
 
 from nnx_pool._args import (
   check_bool,
@@ -55,6 +57,7 @@ from nnx_pool._kernels import accumulation_dtype, extremum, spatial_mean, true_d
 from nnx_pool._layout import check_nonempty_spatial, prepare, unbatch
 
 Activation = Callable[[jax.Array], jax.Array]
+Initializer = Callable[..., jax.Array]
 
 
 def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
@@ -83,6 +86,50 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
 def _scaled(x: jax.Array, scale: jax.Array) -> jax.Array:
   """``x * scale`` rounded once to ``x``'s dtype (the scale may be wider, e.g. float32)."""
   return (x * scale).astype(x.dtype)
+
+
+def _check_initializer(value, name: str) -> Initializer:
+  if not callable(value):
+    raise TypeError(
+        f"`{name}` must be an initializer, a callable (key, shape, dtype) -> array such as "
+        f"nnx.initializers.lecun_normal(); got {value!r}.")
+  return value
+
+
+def _is_precision_name(value) -> bool:
+  """Whether ``value`` is a string that ``jax.lax.Precision`` reads ('highest', 'float32'...)."""
+  try:
+    lax.Precision(value)
+  except ValueError:
+    return False
+  return True
+
+
+def _check_precision(value):
+  """``precision`` as :class:`flax.nnx.Linear` and ``jax.lax.dot_general`` take it."""
+  if value is None or isinstance(value, (lax.Precision, lax.DotAlgorithm, lax.DotAlgorithmPreset)):
+    return value
+  if isinstance(value, str) and (_is_precision_name(value)
+                                 or value in lax.DotAlgorithmPreset.__members__):
+    return value
+  if isinstance(value, (tuple, list)) and len(value) == 2 and (
+      all(isinstance(p, lax.Precision) for p in value)
+      or all(isinstance(p, str) and _is_precision_name(p) for p in value)):
+    return value
+  error = ValueError if isinstance(value, (str, tuple, list)) else TypeError
+  raise error(
+      "`precision` must be None, a jax.lax.Precision, a name such as 'highest' or 'default', "
+      "a pair of those (both Precision or both names), a jax.lax.DotAlgorithmPreset or its "
+      f"name, or a jax.lax.DotAlgorithm, as flax.nnx.Linear takes it; got {value!r}.")
+
+
+def _layer_options(dtype, param_dtype, precision, kernel_init, rngs) -> dict:
+  """The options every Linear and Conv of a gate takes, ``precision`` and ``kernel_init`` checked.
+
+  Layers with a bias add ``bias_init``.
+  """
+  return dict(dtype=dtype, param_dtype=param_dtype, precision=_check_precision(precision),
+              kernel_init=_check_initializer(kernel_init, "kernel_init"), rngs=rngs)
 
 
 def _to_numpy(value) -> np.ndarray:
@@ -198,19 +245,20 @@ class _Gate(nnx.Module):
     self.gate = check_callable(gate, "gate")
     self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
 
-  def _init_mlp(self, activation, gate, use_bias, num_spatial_dims, dtype, param_dtype,
-                rngs) -> dict:
+  def _init_mlp(self, activation, gate, use_bias, num_spatial_dims, layer: dict,
+                bias_init) -> None:
     """Checks the rest of the arguments and builds ``fc1`` (C to hidden) and ``fc2`` (back).
 
-    Call after :meth:`_init_width`. Returns the dtype and rngs options, for further layers.
+    Call after :meth:`_init_width`; ``layer`` comes from :func:`_layer_options`.
     """
     self.activation = check_callable(activation, "activation")
     self._init_gate(gate, num_spatial_dims)
-    common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     use_bias = check_bool(use_bias, "use_bias")
-    self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, use_bias=use_bias, **common)
-    self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, use_bias=use_bias, **common)
-    return common
+    bias_init = _check_initializer(bias_init, "bias_init")
+    self.fc1 = nnx.Linear(self.in_features, self.squeeze_features, use_bias=use_bias,
+                          bias_init=bias_init, **layer)
+    self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, use_bias=use_bias,
+                          bias_init=bias_init, **layer)
 
   @classmethod
   def _torch_state(cls, state_dict: Mapping, options: Mapping, inferred: tuple[str, ...],
@@ -278,6 +326,10 @@ class SqueezeExcitation(_Gate):
     dtype: the computation dtype of the scale (default None: the promotion of the pooled
       summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
+    precision: both maps' ``jax.lax`` precision, as :class:`flax.nnx.Linear` takes it
+      (default None: JAX's default).
+    kernel_init: both maps' kernel initializer (default Flax's, ``lecun_normal()``).
+    bias_init: both maps' bias initializer (default Flax's, zeros).
     rngs: random number streams for the initial parameters.
   """
 
@@ -285,10 +337,13 @@ class SqueezeExcitation(_Gate):
       self, in_features: int, squeeze_features: int | None = None, *,
       rd_ratio: float = 1 / 16, rd_divisor: int = 8,
       activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid, use_bias: bool = True,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      kernel_init: Initializer = default_kernel_init,
+      bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
     self._init_width(in_features, squeeze_features, rd_ratio, rd_divisor)
-    self._init_mlp(activation, gate, use_bias, num_spatial_dims, dtype, param_dtype, rngs)
+    layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
+    self._init_mlp(activation, gate, use_bias, num_spatial_dims, layer, bias_init)
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
@@ -352,17 +407,24 @@ class EffectiveSqueezeExcitation(_Gate):
     dtype: the computation dtype of the scale (default None: the promotion of the pooled
       summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
+    precision: the projection's ``jax.lax`` precision, as :class:`flax.nnx.Linear` takes it
+      (default None: JAX's default).
+    kernel_init: the projection's kernel initializer (default Flax's, ``lecun_normal()``).
+    bias_init: the projection's bias initializer (default Flax's, zeros).
     rngs: random number streams for the initial parameters.
   """
 
   def __init__(
       self, in_features: int, *, gate: Activation = jax.nn.hard_sigmoid,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      kernel_init: Initializer = default_kernel_init,
+      bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
     self.in_features = check_positive_int(in_features, "in_features")
     self._init_gate(gate, num_spatial_dims)
-    self.fc = nnx.Linear(
-        self.in_features, self.in_features, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
+    self.fc = nnx.Linear(self.in_features, self.in_features,
+                         bias_init=_check_initializer(bias_init, "bias_init"), **layer)
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
@@ -435,13 +497,18 @@ class EfficientChannelAttention(_Gate):
     dtype: the computation dtype of the scale (default None: the promotion of the pooled
       summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
+    precision: the convolution's ``jax.lax`` precision, as :class:`flax.nnx.Conv` takes it
+      (default None: JAX's default).
+    kernel_init: the convolution's kernel initializer (default Flax's, ``lecun_normal()``).
+      The convolution has no bias, so there is no ``bias_init``.
     rngs: random number streams for the initial parameters.
   """
 
   def __init__(
       self, in_features: int | None = None, kernel_size: int | None = None, *,
       gamma: float = 2, beta: float = 1, gate: Activation = nnx.sigmoid,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      kernel_init: Initializer = default_kernel_init, rngs: nnx.Rngs,
   ):
     if in_features is None and kernel_size is None:
       raise ValueError(
@@ -459,11 +526,9 @@ class EfficientChannelAttention(_Gate):
           f"`kernel_size` must be odd (the output keeps C channels); got {kernel_size}.")
     self.kernel_size = kernel_size
     self._init_gate(gate, num_spatial_dims)
+    layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
     pad = (kernel_size - 1) // 2
-    self.conv = nnx.Conv(
-        1, 1, (kernel_size,), padding=((pad, pad),), use_bias=False, dtype=dtype,
-        param_dtype=param_dtype, rngs=rngs,
-    )
+    self.conv = nnx.Conv(1, 1, (kernel_size,), padding=((pad, pad),), use_bias=False, **layer)
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
@@ -541,6 +606,12 @@ class CBAM(_Gate):
     dtype: the computation dtype of the scale (default None: the promotion of the pooled
       summary and the params, float32 by default); the output keeps the input's dtype.
     param_dtype: the parameter dtype (default float32).
+    precision: the ``jax.lax`` precision of the MLP layers and the spatial convolution,
+      as :class:`flax.nnx.Linear` takes it (default None: JAX's default).
+    kernel_init: the kernel initializer of the MLP layers and the spatial convolution
+      (default Flax's, ``lecun_normal()``).
+    bias_init: the MLP layers' bias initializer, used when ``use_bias`` (default Flax's,
+      zeros). The BatchNorm keeps Flax's initial scale 1 and bias 0.
     rngs: random number streams for the initial parameters.
   """
 
@@ -548,23 +619,41 @@ class CBAM(_Gate):
       self, in_features: int, squeeze_features: int | None = None, *,
       rd_ratio: float = 1 / 16, rd_divisor: int = 1, spatial_kernel_size: int = 7,
       activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid, use_bias: bool = False,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      kernel_init: Initializer = default_kernel_init,
+      bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
     self._init_width(in_features, squeeze_features, rd_ratio, rd_divisor)
     k = check_positive_int(spatial_kernel_size, "spatial_kernel_size")
     if k % 2 == 0:
       raise ValueError(f"`spatial_kernel_size` must be odd (to keep the size); got {k}.")
     self.spatial_kernel_size = k
-    common = self._init_mlp(activation, gate, use_bias, num_spatial_dims, dtype, param_dtype, rngs)
+    layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
+    self._init_mlp(activation, gate, use_bias, num_spatial_dims, layer, bias_init)
     pad = ((k - 1) // 2, (k - 1) // 2)
     self.spatial_conv = nnx.Conv(
         2, 1, (k,) * self.num_spatial_dims, padding=(pad,) * self.num_spatial_dims,
-        use_bias=False, **common,
+        use_bias=False, **layer,
     )
-    self.spatial_norm = nnx.BatchNorm(1, momentum=0.9, epsilon=1e-5, **common)
+    self.spatial_norm = nnx.BatchNorm(
+        1, momentum=0.9, epsilon=1e-5, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, inputs) -> jax.Array:
-    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
+  def __call__(self, inputs, use_running_average: bool | None = None) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype.
+
+    Args:
+      inputs: the feature map.
+      use_running_average: normalise the spatial map with the BatchNorm's running
+        statistics (True) or the batch's, updating the running ones (False), for this
+        call only (default None: the module's mode, ``.eval()`` or ``.train()``), as
+        :class:`flax.nnx.BatchNorm` takes it.
+    """
+    if use_running_average is not None:
+      if not isinstance(use_running_average, (bool, np.bool_)):
+        raise TypeError(
+            "CBAM: `use_running_average` must be True, False or None (None: the module's "
+            f"mode, set by .eval() and .train()); got {use_running_average!r}.")
+      use_running_average = bool(use_running_average)
     x, batch = self._prepare(inputs)
     space = tuple(range(1, x.ndim - 1))
 
@@ -578,7 +667,9 @@ class CBAM(_Gate):
     channel_sum = jnp.sum(x, axis=-1, keepdims=True, dtype=accumulation_dtype(x.dtype))
     channel_mean = true_divide(channel_sum, x.shape[-1]).astype(x.dtype)
     maps = jnp.concatenate([channel_mean, channel_max], axis=-1)
-    y = _scaled(x, self.gate(self.spatial_norm(self.spatial_conv(maps))))
+    normed = self.spatial_norm(self.spatial_conv(maps),
+                               use_running_average=use_running_average)
+    y = _scaled(x, self.gate(normed))
     return unbatch(y, batch)
 
   @classmethod

@@ -8,13 +8,16 @@ cleanly when torch is absent.
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax import lax
 
 from nnx_pool._gates import (
   CBAM,
@@ -36,6 +39,11 @@ def identity(v):
 def apply(module, x):
   """One compiled call (eager calls compile each operation separately, which is slower)."""
   return module(x)
+
+
+@functools.partial(nnx.jit, static_argnames="use_running_average")
+def apply_cbam(module, x, use_running_average):
+  return module(x, use_running_average=use_running_average)
 
 
 def build(cls, *args, seed=0, **kwargs):
@@ -309,10 +317,10 @@ def _np_eca(eca, x, rnd):
   return rnd(x * _sigmoid(z)[:, None, None, :])
 
 
-def _np_cbam_eval(cbam, x, rnd):
-  # timm's CbamModule in eval mode: channel gate from mean and max, then a spatial gate
-  # from [mean over C, max over C], a zero-padded k x k convolution and the running
-  # statistics' normalisation.
+def _np_cbam(cbam, x, rnd, batch_statistics=False):
+  # timm's CbamModule: channel gate from mean and max, then a spatial gate from
+  # [mean over C, max over C], a zero-padded k x k convolution and a BatchNorm with the
+  # running statistics, or with the batch's (biased variance) when batch_statistics.
   def mlp(v):
     return np.maximum(v @ _value(cbam.fc1.kernel), 0) @ _value(cbam.fc2.kernel)
 
@@ -324,8 +332,9 @@ def _np_cbam_eval(cbam, x, rnd):
   padded = np.pad(maps, ((0, 0), ((k - 1) // 2,) * 2, ((k - 1) // 2,) * 2, (0, 0)))
   conv = sum(padded[:, i:i + h, j:j + w] @ kernel[i, j] for i in range(k) for j in range(k))
   bn = cbam.spatial_norm
-  z = ((conv - _value(bn.mean)) / np.sqrt(_value(bn.var) + 1e-5) * _value(bn.scale)
-       + _value(bn.bias))
+  mean, var = ((conv.mean(), conv.var()) if batch_statistics
+               else (_value(bn.mean), _value(bn.var)))
+  z = (conv - mean) / np.sqrt(var + 1e-5) * _value(bn.scale) + _value(bn.bias)
   return rnd(x1 * _sigmoid(z))
 
 
@@ -353,7 +362,7 @@ def test_cbam_channel_mean_is_a_correctly_rounded_division():
   np.testing.assert_array_equal(apply(cbam, x), x * mean)
 
 
-_NUMPY_GATES = {"se": _np_se, "ese": _np_ese, "eca": _np_eca, "cbam": _np_cbam_eval}
+_NUMPY_GATES = {"se": _np_se, "ese": _np_ese, "eca": _np_eca, "cbam": _np_cbam}
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
@@ -562,3 +571,129 @@ def test_cbam_training_mode_matches_pytorch():
   expected = peer.train()(torch.from_numpy(x)).detach().numpy()
   got = np.moveaxis(np.asarray(apply(ours, np.moveaxis(x, 1, -1))), -1, 1)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# Flax's layer options: kernel_init, bias_init, precision, use_running_average.
+# ----------------------------------------------------------------------------
+
+
+def _layers(gate):
+  """The gate's Linear and Conv layers."""
+  return [layer for name in ("fc1", "fc2", "fc", "conv", "spatial_conv")
+          if (layer := getattr(gate, name, None)) is not None]
+
+
+def test_gates_kernel_init_and_bias_init_reach_every_layer():
+  # Issue 21 item 12: constant initializers give exactly those constants in every kernel
+  # and bias (EfficientChannelAttention has no bias, so no bias_init). CBAM's BatchNorm
+  # keeps Flax's scale 1 and bias 0.
+  inits = dict(kernel_init=nnx.initializers.constant(0.25),
+               bias_init=nnx.initializers.constant(-0.5))
+  gates = nnx.jit(lambda: [  # one compiled program: eager initialisers compile one by one
+      SqueezeExcitation(8, 2, **inits, rngs=nnx.Rngs(0)),
+      EffectiveSqueezeExcitation(4, **inits, rngs=nnx.Rngs(0)),
+      EfficientChannelAttention(8, 3, kernel_init=inits["kernel_init"], rngs=nnx.Rngs(0)),
+      CBAM(8, 2, spatial_kernel_size=3, use_bias=True, **inits, rngs=nnx.Rngs(0))])()
+  assert [len(_layers(gate)) for gate in gates] == [2, 1, 1, 3]
+  for gate in gates:
+    for layer in _layers(gate):
+      kernel = np.asarray(layer.kernel[...])
+      np.testing.assert_array_equal(kernel, np.full(kernel.shape, 0.25))
+      if layer.bias is not None:
+        np.testing.assert_array_equal(layer.bias[...], np.full(layer.bias.shape, -0.5))
+  np.testing.assert_array_equal(gates[3].spatial_norm.scale[...], [1.0])
+  np.testing.assert_array_equal(gates[3].spatial_norm.bias[...], [0.0])
+
+
+def test_gates_default_initializers_are_flax_layers():
+  # The defaults are Flax's own: the same seed gives the same parameters as nnx.Linear and
+  # nnx.Conv with their defaults, built in the gate's order from one Rngs.
+  def make():  # one compiled program: eager initialisers compile one by one
+    rngs = nnx.Rngs(3)
+    flax_layers = (nnx.Linear(8, 2, rngs=rngs), nnx.Linear(2, 8, rngs=rngs),
+                   nnx.Conv(1, 1, (3,), use_bias=False, rngs=nnx.Rngs(4)))
+    gates = (SqueezeExcitation(8, 2, rngs=nnx.Rngs(3)),
+             EfficientChannelAttention(8, 3, rngs=nnx.Rngs(4)))
+    return flax_layers, gates
+
+  (fc1, fc2, conv), (se, eca) = nnx.jit(make)()
+  for ours, flax_layer in ((se.fc1, fc1), (se.fc2, fc2)):
+    np.testing.assert_array_equal(ours.kernel[...], flax_layer.kernel[...])
+    np.testing.assert_array_equal(ours.bias[...], flax_layer.bias[...])
+  np.testing.assert_array_equal(eca.conv.kernel[...], conv.kernel[...])
+
+
+def _jax_accepts_precision(precision) -> bool:
+  """JAX's own verdict: lax.dot traced (not run) with ``precision``."""
+  try:
+    jax.eval_shape(lambda: lax.dot(jnp.ones((2, 2)), jnp.ones((2, 2)), precision=precision))
+  except (TypeError, ValueError):
+    return False
+  return True
+
+
+_PRECISIONS_ACCEPTED = [None, "highest", "float32", "tensorfloat32", lax.Precision.HIGH,
+                        ("highest", "default"), (lax.Precision.HIGH, lax.Precision.DEFAULT),
+                        lax.DotAlgorithmPreset.F32_F32_F32, "F32_F32_F32"]
+_PRECISIONS_REFUSED = [("hihgest", ValueError), ("HIGHEST", ValueError),
+                       (("highest",), ValueError), ((lax.Precision.HIGH, "highest"), ValueError),
+                       (3, TypeError), (1.0, TypeError)]
+
+
+def test_gates_precision_reaches_every_layer():
+  # Issue 21 item 12: precision is passed to every Linear and Conv, as Flax takes it (the
+  # accepted and refused forms are checked against JAX's own lax.dot), and checked when the
+  # gate is built, not when it first runs.
+  for precision in _PRECISIONS_ACCEPTED:
+    assert _jax_accepts_precision(precision), precision
+    for cls in (SqueezeExcitation, EffectiveSqueezeExcitation, EfficientChannelAttention, CBAM):
+      gate = build(cls, 8, precision=precision)
+      assert all(layer.precision == precision for layer in _layers(gate)), (cls, precision)
+  for precision, error in _PRECISIONS_REFUSED:
+    assert not _jax_accepts_precision(precision), precision
+    expected = rf"`precision` must be None.*; got {re.escape(repr(precision))}\."
+    with pytest.raises(error, match=expected):
+      build(CBAM, 8, precision=precision)
+  # Both run. The gate's output agrees within TF32's rounding (a GPU's DEFAULT); on CPU,
+  # where precision does not change float32 arithmetic, exactly.
+  x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5, 5, 8)), jnp.float32)
+  highest, default = (build(CBAM, 8, seed=2, precision=precision)
+                      for precision in (lax.Precision.HIGHEST, lax.Precision.DEFAULT))
+  highest, default = apply(highest, x), apply(default, x)
+  assert highest.shape == default.shape == x.shape
+  np.testing.assert_allclose(highest, default, rtol=1e-2, atol=1e-2)
+
+
+def test_gates_initializer_errors():
+  with pytest.raises(TypeError, match=r"`kernel_init` must be an initializer.*got 'lecun'\."):
+    SqueezeExcitation(8, kernel_init="lecun", rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match=r"`bias_init` must be an initializer.*got None\."):
+    EffectiveSqueezeExcitation(8, bias_init=None, rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match="`kernel_init` must be an initializer"):
+    EfficientChannelAttention(8, kernel_init=0.1, rngs=nnx.Rngs(0))
+
+
+def test_cbam_use_running_average_at_call_time():
+  # Issue 21 item 12: as nnx.BatchNorm.__call__(x, use_running_average=...), the argument
+  # overrides the module's mode for one call. Expected values: the float64 NumPy CBAM from
+  # the module's parameters and the BatchNorm's stored statistics (running or batch).
+  cbam = build(CBAM, 8, seed=4)  # training mode, as built
+  norm = cbam.spatial_norm
+  for variable, value in ((norm.mean, 0.3), (norm.var, 2.0), (norm.scale, 1.5),
+                          (norm.bias, -0.2)):
+    set_param(variable, [value])
+  x = jnp.asarray(np.random.default_rng(8).standard_normal((2, 5, 6, 8)), jnp.float32)
+  x64, rnd = np.asarray(x, np.float64), _rounder(np.float32)
+  np.testing.assert_allclose(apply_cbam(cbam, x, True), _np_cbam(cbam, x64, rnd),
+                             rtol=1e-5, atol=1e-6)
+  assert norm.use_running_average is False  # the module's mode is unchanged...
+  np.testing.assert_array_equal(norm.mean[...], np.float32([0.3]))  # ...and so are the stats
+  cbam.eval()
+  expected = _np_cbam(cbam, x64, rnd, batch_statistics=True)
+  np.testing.assert_allclose(apply_cbam(cbam, x, False), expected, rtol=1e-5, atol=1e-6)
+  assert norm.use_running_average is True
+  assert not np.allclose(norm.mean[...], 0.3)  # a training call updates the running mean
+  with pytest.raises(TypeError, match=r"`use_running_average` must be True, False or None.*"
+                                      r"got 'yes'\."):
+    cbam(x, use_running_average="yes")
