@@ -27,9 +27,18 @@ def as_array(x, name: str = "inputs") -> jax.Array:
   """Converts ``x`` to a JAX array, with a TypeError naming ``name`` if it cannot be."""
   if isinstance(x, jax.Array):
     return x
-  if isinstance(x, (np.ndarray, np.generic, list, tuple, float, int)):
+  if not isinstance(x, (np.ndarray, np.generic, list, tuple, float, int)):
+    raise TypeError(f"`{name}` must be an array; got {type(x).__name__}.")
+  try:
     return jnp.asarray(x)
-  raise TypeError(f"`{name}` must be an array; got {type(x).__name__}.")
+  except (TypeError, ValueError, RuntimeError) as error:  # XLA's own refusal is a RuntimeError
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+      raise TypeError(f"`{name}` could not be made an array: {error}") from error
+    raise TypeError(
+        f"`{name}` has dtype {dtype}, which this JAX cannot compute in (float6 and "
+        "float8_e5m3fnu have no XLA type); cast it first, e.g. x.astype(np.float32)."
+    ) from error
 
 
 def check_dtype(x: jax.Array, kind: DtypeKind, module: str, name: str = "inputs") -> None:

@@ -116,7 +116,7 @@ def max_unpool(
     >>> import jax.numpy as jnp
     >>> from nnx_pool import functional as F
     >>> x = jnp.arange(25.0).reshape(1, 5, 5, 1)
-    >>> values, indices = F.max_pool(x, 2, return_indices=True)
+    >>> values, indices = F.max_pool(x, 2, 2, return_indices=True)
     >>> F.max_unpool(values, indices, 2, output_size=(5, 5))[0, ..., 0]
     Array([[ 0.,  0.,  0.,  0.,  0.],
            [ 0.,  6.,  0.,  8.,  0.],

@@ -1,8 +1,7 @@
 """Functional twins of the pooling modules, for use inside an NNX module's ``__call__``.
 
 Each is called as ``(inputs, <the module's arguments>)``, with the module's
-names, defaults, validation and errors, and runs the implementation the module
-runs::
+names, validation and errors, and runs the implementation the module runs::
 
     >>> import jax.numpy as jnp
     >>> from nnx_pool import MaxPool, functional as F
@@ -10,11 +9,39 @@ runs::
     >>> bool((F.max_pool(x, 3, 2, 1) == MaxPool(3, 2, 1)(x)).all())
     True
 
-They jit, vmap and differentiate as the modules do. Where a Flax model calls
-``nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))``, the PyTorch
-semantics are ``F.max_pool(x, 3, 2, 1)``: strides default to the window, an int
-is repeated over ``num_spatial_dims`` (default 2), and ``ceil_mode``,
-``dilation`` and ``return_indices`` are there.
+They jit, vmap and differentiate as the modules do. One default differs from the
+modules: ``avg_pool``, ``max_pool`` and ``min_pool`` take Flax's names and argument
+order, so ``strides`` has **no default** there. Flax's functions default it to 1 and
+PyTorch's (and the modules) to the window; omitting it (or passing None) is a
+TypeError that names both, so swapping ``nnx.avg_pool(x, (2, 2))`` for
+``F.avg_pool(x, (2, 2))`` cannot silently change the output's shape.
+
+Coming from ``flax.nnx`` pooling
+--------------------------------
+
+Where a Flax model calls ``nnx.max_pool(x, (3, 3), strides=(2, 2),
+padding=((1, 1), (1, 1)))``, the PyTorch semantics are ``F.max_pool(x, 3, 2, 1)``.
+Every difference between ``flax.nnx.{avg,max,min}_pool`` and these functions
+(flax 0.12.8; guide 6 runs each row):
+
+=========================  ====================================  ==========================================
+                           ``flax.nnx``                          ``nnx_pool.functional``
+=========================  ====================================  ==========================================
+``strides``                default 1 (None means 1)              required: pass ``1`` or the window
+``window_shape`` an int    TypeError (a tuple is required)       repeated over ``num_spatial_dims`` (2)
+``padding=1`` (an int)     TypeError                             both sides of every dim, as PyTorch
+``padding`` per dim        ``(low, high)`` pairs, any size       also ints; at most half the window
+``count_include_pad``      True: divide by ``prod(window)``      True: PyTorch's clipped window (the same
+                                                                 under ``"SAME"``); False: real cells
+bfloat16/float16 average   summed in the input dtype             summed in float32, rounded once
+window larger than input   an empty array                        ValueError naming the ways out
+``ceil_mode``,             not available                         as PyTorch
+``dilation``,
+``return_indices``
+max/min gradient on ties   where XLA's lowering puts it          the first extremum (PyTorch's rule)
+batch axes                 any number before the window          the same; a channels-first-looking
+                                                                 input warns (``ChannelsFirstWarning``)
+=========================  ====================================  ==========================================
 """
 
 from nnx_pool._adaptive import (

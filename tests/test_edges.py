@@ -55,7 +55,7 @@ def test_mut_applied_high_is_exactly_the_reach_past_the_input():
 def test_mut_max_pool_grad_with_a_leftover_cell():
   # L=5, k=2, s=2 (floor): windows [0,1] and [2,3]; cell 4 is never read.
   x = jnp.arange(5.0).reshape(1, 5, 1)
-  g = jax.grad(lambda v: F.max_pool(v, 2, num_spatial_dims=1).sum())(x)
+  g = jax.grad(lambda v: F.max_pool(v, 2, 2, num_spatial_dims=1).sum())(x)
   np.testing.assert_array_equal(g[0, :, 0], [0, 1, 0, 1, 0])
 
 
@@ -83,12 +83,12 @@ def test_mut_padded_length_of_exactly_int32_max_is_accepted():
 def test_mut_indices_past_int8_in_a_large_window():
   # 1-D window of 200 taps (offsets 0..199 need int32); the max sits at cell 150.
   x = jnp.zeros((1, 200, 1)).at[0, 150, 0].set(1.0)
-  values, indices = F.max_pool(x, 200, num_spatial_dims=1, return_indices=True)
+  values, indices = F.max_pool(x, 200, 200, num_spatial_dims=1, return_indices=True)
   assert float(values[0, 0, 0]) == 1.0
   assert int(indices[0, 0, 0]) == 150
   # 12x12 = 144 taps in 2-D: max at (11, 10) -> flat index 11 * 12 + 10 = 142.
   x = jnp.zeros((1, 12, 12, 1)).at[0, 11, 10, 0].set(1.0)
-  _, indices = F.max_pool(x, 12, return_indices=True)
+  _, indices = F.max_pool(x, 12, 12, return_indices=True)
   assert int(indices[0, 0, 0, 0]) == 142
 
 
@@ -113,7 +113,7 @@ def test_mut_window_sum_grad_dilated_tiling_geometry():
 def test_mut_avg_pool_divides_correctly_rounded():
   # PyTorch divides: float32(3) / float32(7) = 0.42857143, while 3 * float32(1/7) = 0.42857146.
   x = jnp.asarray([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]).reshape(1, 7, 1)
-  y = F.avg_pool(x, 7, num_spatial_dims=1)
+  y = F.avg_pool(x, 7, 7, num_spatial_dims=1)
   assert np.asarray(y)[0, 0, 0] == np.float32(3) / np.float32(7)
 
 

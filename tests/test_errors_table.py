@@ -76,6 +76,9 @@ _OUTPUT_FORMS = ("an int (repeated over `num_spatial_dims`, default 2) or a tupl
 _RANK_HINT = (" If it has no channel axis, add one: x[..., None]. For this shape set "
               "num_spatial_dims=1 (the default is 2; a tuple argument sets it by its length).")
 _AGREE = "give every tuple one entry per spatial dim, or an int for all of them."
+_TOO_SMALL = ("Output size is too small: spatial dim 0 of length 2 with window 3, dilation 1 "
+              "(effective 3), stride 3 and padding (0, 0) gives 0 outputs. The window must fit "
+              "in the padded input.")
 
 
 def _empty(c: int) -> str:
@@ -118,6 +121,17 @@ ROWS = (
        "`strides` must be an int or a tuple of ints; got 1.5."),
     _r(_W, ALL_WINDOW, "`strides` a string", "{M}((2, 2), '1')", "TypeError",
        "`strides` must be an int or a tuple of ints; got '1'."),
+    _r(_W, (*ALL_WINDOW, "LPPool"), "PyTorch's `stride`", "{M}(2, stride=2)", "TypeError",
+       "{M} takes `strides` (Flax's name), not `stride` (PyTorch's): write strides=... instead."),
+    _r(_W, ALL_WINDOW, "PyTorch's `kernel_size`", "{M}(kernel_size=2)", "TypeError",
+       "{M} takes `window_shape` (Flax's name), not `kernel_size` (PyTorch's): write "
+       "window_shape=... instead."),
+    _r(_W, SELECT, "an unknown keyword", "{M}(2, pad=1)", "TypeError",
+       "{M} got an unexpected keyword argument `pad`; {M} takes (window_shape, strides, padding, "
+       "*, num_spatial_dims, dilation, ceil_mode, return_indices, in_features)."),
+    _r(_W, SELECT, "too many positional arguments", "{M}(2, 2, 0, 1)", "TypeError",
+       "{M} got 4 positional arguments, at most 3; {M} takes (window_shape, strides, padding, "
+       "*, num_spatial_dims, dilation, ceil_mode, return_indices, in_features)."),
     _r(_W, WINDOW, "`padding` an unknown string", "{M}((2, 2), padding='FULL')", "ValueError",
        f"`padding` must be {_FORMS}; got 'FULL'."),
     _r(_W, WINDOW, "`padding` negative", "{M}((3, 3), padding=-1)", "ValueError",
@@ -131,8 +145,11 @@ ROWS = (
     _r(_W, WINDOW, "`padding` None", "{M}((3, 3), padding=None)", "TypeError",
        f"`padding` must be {_FORMS}; got None."),
     _r(_W, WINDOW, "`padding` over half the window", "{M}((2, 2), padding=2)", "ValueError",
-       "`padding` must be at most half the effective window on each side (dim 0: window 2, "
-       "dilation 1, so at most 1); got 2."),
+       "{M}(window_shape=(2, 2), strides=(2, 2), padding=((2, 2), (2, 2))): `padding` must be "
+       "at most half the effective window on each side (dim 0: window 2, dilation 1, so at most "
+       "1); got 2. PyTorch refuses it too. Ways out: padding of at most 1 there, or pad the "
+       "input first with jnp.pad (-inf for a max pool, +inf for a min pool, 0 for an average "
+       "that counts padding) and pool it with less padding."),
     _r(_W, WINDOW, '`padding="SAME"` with `ceil_mode`', "{M}((2, 2), 1, 'SAME', ceil_mode=True)",
        "ValueError",
        '`ceil_mode=True` cannot be combined with padding="SAME": SAME already rounds the '
@@ -187,16 +204,16 @@ ROWS = (
     _r(_W, "LPPool", "`in_features` below 1", "LPPool(2, (2, 2), in_features=0)", "ValueError",
        "`in_features` must be a positive int or None; got 0."),
     _r(_W, "LPPool", "`inputs` of the wrong rank", "LPPool(2, (2, 2))(x(6, 6))", "ValueError",
-       "LPPool: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 "
-       "spatial dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+       "LPPool: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_W, "LPPool", "`inputs` integer", "LPPool(2, (2, 2))(x(1, 4, 4, 1, dtype=jnp.int32))",
        "TypeError",
        "LPPool: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it "
        "first, e.g. x.astype(jnp.float32)."),
     _r(_W, "LPPool", "window larger than the input", "LPPool(2, (3, 3))(x(1, 2, 2, 1))",
        "ValueError",
-       "Output size is too small: spatial dim 0 of length 2 with window 3, dilation 1 (effective "
-       "3), stride 3 and padding (0, 0) gives 0 outputs. The window must fit in the padded input."),
+       "LPPool(window_shape=(3, 3), strides=(3, 3)) on spatial shape (2, 2): " + _TOO_SMALL
+       + " Ways out: ceil_mode=True, or a window of at most 2 along dim 0."),
     _r(_W, WITH_IN_FEATURES, "`in_features` below 1", "{M}((2, 2), in_features=0)",
        "ValueError", "`in_features` must be a positive int or None; got 0."),
     _r(_W, WITH_IN_FEATURES, "`in_features` a float", "{M}((2, 2), in_features=3.0)",
@@ -205,8 +222,8 @@ ROWS = (
        "TypeError", "`in_features` must be a positive int or None; got True."),
     _r(_W, WINDOW, "`inputs` of the wrong rank", "{M}((2, 2))(x(6, 6))",
        "ValueError",
-       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_W, WINDOW, "`inputs` channels-first", "{M}((2, 2), in_features=3)(x(8, 3, 32, 32))",
        "ValueError",
        "{M}: `inputs` must be channels-last with in_features=3 on the last axis; got shape "
@@ -228,15 +245,25 @@ ROWS = (
        "e.g. x.astype(jnp.float32)."),
     _r(_W, WINDOW, "`inputs` not an array", "{M}((2, 2))('x')",
        "TypeError", "`inputs` must be an array; got str."),
-    _r(_W, WINDOW, "window larger than the input", "{M}((3, 3))(x(1, 2, 2, 1))", "ValueError",
-       "Output size is too small: spatial dim 0 of length 2 with window 3, dilation 1 (effective "
-       "3), stride 3 and padding (0, 0) gives 0 outputs. The window must fit in the padded input."),
+    _r(_W, ("AvgPool", "MaxPool"), "window larger than the input", "{M}((3, 3))(x(1, 2, 2, 1))",
+       "ValueError",
+       "{M}(window_shape=(3, 3), strides=(3, 3)) on spatial shape (2, 2): " + _TOO_SMALL
+       + " Ways out: padding of 1 on each side of dim 0, ceil_mode=True, a window of at most 2 "
+       "along dim 0, or Adaptive{M}(output_size), which fits any input."),
+    _r(_W, "MinPool", "window larger than the input", "{M}((3, 3))(x(1, 2, 2, 1))",
+       "ValueError",
+       "{M}(window_shape=(3, 3), strides=(3, 3)) on spatial shape (2, 2): " + _TOO_SMALL
+       + " Ways out: padding of 1 on each side of dim 0, ceil_mode=True, or a window of at most "
+       "2 along dim 0."),
     _r(_W, WINDOW, "a spatial dim of size 0", "{M}((2,))(x(1, 0, 1))", "ValueError",
-       "Output size is too small: spatial dim 0 of length 0 with window 2, dilation 1 (effective "
-       "2), stride 2 and padding (0, 0) gives 0 outputs. The window must fit in the padded input."),
+       "{M}(window_shape=(2,), strides=(2,)) on spatial shape (0,): Output size is too small: "
+       "spatial dim 0 of length 0 with window 2, dilation 1 (effective 2), stride 2 and padding "
+       "(0, 0) gives 0 outputs. The window must fit in the padded input. Ways out: an input "
+       "with cells along every spatial dim."),
     _r(_W, SELECT, "a window made of padding only", "{M}(2, 1, 1, dilation=2)(x(1, 1, 1))",
        "ValueError",
-       "Window 0 along spatial dim 0 covers only padding (length 1, window 2, dilation 2, "
+       "{M}(window_shape=(2, 2), strides=(1, 1), padding=((1, 1), (1, 1)), dilation=(2, 2)) on "
+       "spatial shape (1, 1): Window 0 along spatial dim 0 covers only padding (length 1, window 2, dilation 2, "
        "padding (1, 1)). Reduce the padding or dilation."),
     _r(_W, WINDOW, "a tuple that disagrees with `num_spatial_dims`",
        "{M}((3,), num_spatial_dims=2)", "ValueError",
@@ -285,8 +312,8 @@ ROWS = (
        "is what `indices` address."),
     _r(_U, "MaxUnpool", "`inputs` of the wrong rank", "MaxUnpool((2, 2))(x(6, 6), idx(6, 6))",
        "ValueError",
-       "MaxUnpool: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 "
-       "spatial dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+       "MaxUnpool: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_U, "MaxUnpool", "`inputs` bool",
        "MaxUnpool((2,))(x(1, 2, 1, dtype=bool), idx(1, 2, 1))", "TypeError",
        "MaxUnpool: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
@@ -299,9 +326,12 @@ ROWS = (
        "`keepdims` must be a bool; got 1."),
     _r(_G, GLOBAL, "`in_features` below 1", "{M}(in_features=0)", "ValueError",
        "`in_features` must be a positive int or None; got 0."),
+    _r(_G, GLOBAL, "PyTorch's `keepdim`", "{M}(keepdim=True)", "TypeError",
+       "{M} takes `keepdims` (NumPy's name), not `keepdim` (PyTorch's): write keepdims=... "
+       "instead."),
     _r(_G, GLOBAL, "`inputs` of the wrong rank", "{M}()(x(6, 6))", "ValueError",
-       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_G, GLOBAL, "`inputs` channels-first", "{M}(in_features=2)(x(1, 2, 6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last with in_features=2 on the last axis; got shape "
        "(1, 2, 6, 6). It looks channels-first (NCHW: 2 on axis 1); use jnp.moveaxis(x, 1, -1)."),
@@ -352,8 +382,8 @@ ROWS = (
        "jax.eval_shape(SelectAdaptivePool(pool_type='avgmax'), spec(1, 65536, 65536, 1))",
        "ValueError", f"SelectAdaptivePool: {_BIG} The max keeps one (for its gradient too)."),
     _r(_A, ADAPTIVE, "`inputs` of the wrong rank", "{M}(2)(x(6, 6))", "ValueError",
-       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_A, ADAPTIVE, "`inputs` bool", "{M}(2)(x(1, 4, 4, 1, dtype=bool))", "TypeError",
        "{M}: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
     _r(_A, ("AdaptiveAvgPool", "SelectAdaptivePool"), "`inputs` integer (averages)",
@@ -428,8 +458,8 @@ ROWS = (
        "(1, 5, 5, 4)."),
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
             "CBAM"), "`inputs` of the wrong rank", "{M}(8, rngs=rngs)(x(5, 8))", "ValueError",
-       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (5, 8) (rank 2)." + _RANK_HINT),
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (5, 8) (rank 2)." + _RANK_HINT),
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
             "CBAM"), "`inputs` integer", "{M}(8, rngs=rngs)(x(1, 5, 5, 8, dtype=jnp.int32))",
        "TypeError",
@@ -472,9 +502,19 @@ ROWS = (
        "shape (1, 1, k); got (2, 1, 3). (timm's use_mlp=True variant is not supported.)"),
     # ------------------------------------------------------------ functional twins
     _r(_P, ("avg_pool", "max_pool", "min_pool"), "`inputs` of the wrong rank",
-       "functional.{M}(x(6, 6), 2)", "ValueError",
-       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+       "functional.{M}(x(6, 6), 2, 2)", "ValueError",
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
+    *(_r(_P, f"{kind}_pool", "`strides` omitted", "functional.{M}(x(1, 4, 4, 1), (2, 2))",
+         "TypeError",
+         "{M}: `strides` has no default in nnx_pool.functional, and was omitted. flax.nnx.{M} "
+         f"defaults it to 1 (and reads None as 1); PyTorch's pools and nnx_pool.{module} to "
+         "the window. Pass it: strides=(2, 2) for PyTorch's convention, strides=1 for Flax's.")
+      for kind, module in (("avg", "AvgPool"), ("max", "MaxPool"), ("min", "MinPool"))),
+    _r(_P, ("avg_pool", "max_pool", "min_pool", "lp_pool"), "PyTorch's `kernel_size`",
+       "functional.{M}(x(1, 4, 4, 1), kernel_size=2)", "TypeError",
+       "{M} takes `window_shape` (Flax's name), not `kernel_size` (PyTorch's): write "
+       "window_shape=... instead."),
     _r(_P, ("avg_pool", "max_pool", "min_pool"), "an argument the module refuses",
        "functional.{M}(x(1, 4, 4, 1), (2, 2), (1,))", "ValueError",
        f"`strides` (1,) has 1 entries, but `window_shape` (2, 2) sets 2 spatial dim(s); {_AGREE}"),
@@ -485,8 +525,8 @@ ROWS = (
        "max_unpool: `indices` must have the shape of `inputs` (1, 2, 2, 1); got (1, 2, 3, 1)."),
     _r(_P, ("adaptive_avg_pool", "adaptive_max_pool"), "`inputs` of the wrong rank",
        "functional.{M}(x(6, 6), 2)", "ValueError",
-       "{M}: `inputs` must be channels-last (N, *spatial, C) or (*spatial, C) with 2 spatial "
-       "dim(s), so rank 4 or 3; got shape (6, 6) (rank 2)." + _RANK_HINT),
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_P, ("global_avg_pool", "global_max_pool"), "a spatial dim of size 0",
        "functional.{M}(x(1, 0, 4, 1))", "ValueError", "{M}: `inputs` " + _empty(1)),
 )

@@ -95,12 +95,12 @@ def test_arguments_that_disagree_are_a_value_error(build, message):
 def test_a_rank_mismatch_names_the_expected_dims_and_the_fix():
   with pytest.raises(ValueError) as info:
     MaxPool(2)(X1[0, :, 0])  # (9,): a 1-D map without its channel axis
-  assert "with 2 spatial dim(s), so rank 4 or 3; got shape (9,)" in str(info.value)
+  assert "with 2 spatial dim(s), so rank 3 or more; got shape (9,)" in str(info.value)
   with pytest.raises(ValueError) as info:
-    AvgPool(2, num_spatial_dims=3)(X1)  # (N, L, C) to a 3-D pool
+    AvgPool(2, num_spatial_dims=3)(X1[0])  # (L, C) to a 3-D pool
   message = str(info.value)
-  assert "3 spatial dim(s), so rank 5 or 4; got shape (2, 9, 3) (rank 3)" in message
-  assert "For this shape set num_spatial_dims=1 or num_spatial_dims=2" in message
+  assert "3 spatial dim(s), so rank 4 or more; got shape (9, 3) (rank 2)" in message
+  assert "For this shape set num_spatial_dims=1 (the default is 2" in message
 
 
 # ----------------------------------------------------------------------------
@@ -110,13 +110,17 @@ def test_a_rank_mismatch_names_the_expected_dims_and_the_fix():
 TWINS = [
     ("avg_pool", AvgPool, (3, 2, 1), dict(ceil_mode=True, count_include_pad=False)),
     ("max_pool", MaxPool, (3, 2, 1), dict(ceil_mode=True, return_indices=True)),
-    ("min_pool", MinPool, (2,), dict(dilation=2, return_indices=True)),
+    ("min_pool", MinPool, (2, 2), dict(dilation=2, return_indices=True)),
     ("lp_pool", LPPool, (2, 3, 2), dict(ceil_mode=True)),
     ("adaptive_avg_pool", AdaptiveAvgPool, ((3, None),), {}),
     ("adaptive_max_pool", AdaptiveMaxPool, (4,), dict(return_indices=True)),
     ("global_avg_pool", GlobalAvgPool, (), dict(keepdims=True)),
     ("global_max_pool", GlobalMaxPool, (), {}),
 ]
+
+
+# Flax's functions default strides to 1 and PyTorch's to the window: no default here.
+STRIDES_REQUIRED = {("avg_pool", "strides"), ("max_pool", "strides"), ("min_pool", "strides")}
 
 
 def test_every_pooling_module_has_a_functional_twin_with_its_signature():
@@ -131,8 +135,11 @@ def test_every_pooling_module_has_a_functional_twin_with_its_signature():
     del theirs["self"]
     assert list(ours)[0] == "inputs"
     for arg, parameter in theirs.items():  # the module's names, kinds and defaults
-      assert ours[arg].default == parameter.default, (name, arg)
       assert ours[arg].kind == parameter.kind, (name, arg)
+      if (name, arg) in STRIDES_REQUIRED:
+        assert repr(ours[arg].default) == "<required>", (name, arg)
+      else:
+        assert ours[arg].default == parameter.default, (name, arg)
 
 
 def _mirror(name, x):
@@ -192,9 +199,9 @@ def _avg_grad_2x2_stride1(shape):
 
 def test_functional_errors_name_the_function():
   with pytest.raises(ValueError, match=r"^max_pool: `inputs` must be channels-last"):
-    F.max_pool(X1[0, :, 0], 2)
+    F.max_pool(X1[0, :, 0], 2, 2)
   with pytest.raises(TypeError, match=r"`return_indices` must be a bool; got 1\."):
-    F.max_pool(X2, 2, return_indices=1)
+    F.max_pool(X2, 2, 2, return_indices=1)
   with pytest.raises(ValueError, match=r"^global_avg_pool: `inputs` needs non-empty"):
     F.global_avg_pool(np.zeros((1, 0, 2, 1), np.float32))
 
@@ -263,14 +270,44 @@ def test_each_kernel_runs_under_a_named_scope():
 
   def loss(v):
     pooled = F.max_pool(v, 3, 2, 1, return_indices=True)[0]
-    return (jnp.sum(pooled) + jnp.sum(F.avg_pool(v, 2)) + jnp.sum(F.adaptive_avg_pool(v, 3))
+    return (jnp.sum(pooled) + jnp.sum(F.avg_pool(v, 2, 2)) + jnp.sum(F.adaptive_avg_pool(v, 3))
             + jnp.sum(F.adaptive_max_pool(v, 3)) + jnp.sum(F.global_avg_pool(v)))
 
   hlo = jax.jit(jax.grad(loss)).lower(x).compile().as_text()
   for name in ("select", "window_sum", "adaptive_avg", "adaptive_max", "spatial_mean"):
     assert f"nnx_pool.{name}" in hlo, name
-  values, indices = F.max_pool(x, 2, return_indices=True)
+  values, indices = F.max_pool(x, 2, 2, return_indices=True)
   unpooled = jax.jit(lambda v, i: F.max_unpool(v, i, 2)).lower(values, indices)
   assert "nnx_pool._unpool" in unpooled.as_text(debug_info=True)
-  returned = jax.jit(lambda v: F.max_pool(v, 2, return_indices=True)).lower(x)
+  returned = jax.jit(lambda v: F.max_pool(v, 2, 2, return_indices=True)).lower(x)
   assert "nnx_pool.flat_indices" in returned.as_text(debug_info=True)
+
+
+# ----------------------------------------------------------------------------
+# strides: no default in the functions.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["avg_pool", "max_pool", "min_pool"])
+def test_an_omitted_stride_is_refused_naming_both_conventions(name):
+  # Swapping nnx.avg_pool(x, (2, 2)) (stride 1: (1, 3, 3, 1)) for F.avg_pool(x, (2, 2)) would
+  # silently give (1, 2, 2, 1) if strides defaulted to the window.
+  x = jnp.ones((1, 4, 4, 1))
+  module = {"avg_pool": "AvgPool", "max_pool": "MaxPool", "min_pool": "MinPool"}[name]
+  for call, got in ((lambda: getattr(F, name)(x, (2, 2)), "was omitted"),
+                    (lambda: getattr(F, name)(x, (2, 2), None), "got None")):
+    with pytest.raises(TypeError) as info:
+      call()
+    assert str(info.value) == (
+        f"{name}: `strides` has no default in nnx_pool.functional, and {got}. "
+        f"flax.nnx.{name} defaults it to 1 (and reads None as 1); PyTorch's pools and "
+        f"nnx_pool.{module} to the window. Pass it: strides=(2, 2) for PyTorch's convention, "
+        "strides=1 for Flax's.")
+
+
+def test_an_explicit_stride_gives_flaxs_and_pytorchs_results():
+  x = jnp.arange(16.0).reshape(1, 4, 4, 1)
+  # Flax's default stride 1: nnx.avg_pool(x, (2, 2)) is (1, 3, 3, 1).
+  np.testing.assert_array_equal(F.avg_pool(x, (2, 2), 1), nnx.avg_pool(x, (2, 2)))
+  # PyTorch's: seed 004's arange(16) average pool.
+  assert F.avg_pool(x, (2, 2), 2)[0, ..., 0].tolist() == [[2.5, 4.5], [10.5, 12.5]]

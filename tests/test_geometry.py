@@ -1,8 +1,11 @@
 """Tests for nnx_pool._geometry: output sizes, padding resolution and divisors."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from nnx_pool import AvgPool, LPPool, MaxPool, MinPool
+from nnx_pool import functional as F
 from nnx_pool._geometry import Window, as_tuple, parse_padding
 
 
@@ -175,3 +178,73 @@ def test_geometry_rejects_windows_of_padding_only():
 def test_geometry_rejects_ceil_mode_with_same():
   with pytest.raises(ValueError, match="SAME already rounds"):
     Window.create(2, 2, "SAME", ceil_mode=True)
+
+
+# ----------------------------------------------------------------------------
+# A window that does not fit: which layer, and the ways out.
+# ----------------------------------------------------------------------------
+
+
+def test_a_window_too_large_names_the_layer_and_the_ways_out():
+  # The issue's example: MaxPool(5) on (1, 3, 3, 2). Before: only "Output size is too
+  # small: spatial dim 0 ...", with no layer and no way out.
+  with pytest.raises(ValueError) as info:
+    MaxPool(5)(jnp.ones((1, 3, 3, 2)))
+  assert str(info.value) == (
+      "MaxPool(window_shape=(5, 5), strides=(5, 5)) on spatial shape (3, 3): Output size is "
+      "too small: spatial dim 0 of length 3 with window 5, dilation 1 (effective 5), stride 5 "
+      "and padding (0, 0) gives 0 outputs. The window must fit in the padded input. Ways out: "
+      "padding of 1 on each side of dim 0, ceil_mode=True, a window of at most 3 along dim 0, "
+      "or AdaptiveMaxPool(output_size), which fits any input.")
+
+
+@pytest.mark.parametrize("call, layer, ways", [
+    # Each way out checked by hand with PyTorch's size rule on L = 2, k = 3, s = 3:
+    # padding 1 gives (2 + 2 - 3) // 3 + 1 = 1; ceil gives ceil(-1 / 3) + 1 = 1.
+    (lambda x: AvgPool(3)(x), "AvgPool(window_shape=(3, 3), strides=(3, 3))",
+     "padding of 1 on each side of dim 0, ceil_mode=True, a window of at most 2 along dim 0, "
+     "or AdaptiveAvgPool(output_size), which fits any input."),
+    (lambda x: MinPool(3)(x), "MinPool(window_shape=(3, 3), strides=(3, 3))",
+     "padding of 1 on each side of dim 0, ceil_mode=True, or a window of at most 2 along "
+     "dim 0."),
+    # LPPool takes no padding: none is suggested.
+    (lambda x: LPPool(2, 3)(x), "LPPool(window_shape=(3, 3), strides=(3, 3))",
+     "ceil_mode=True, or a window of at most 2 along dim 0."),
+    # Stride 1: ceil mode gives ceil(-1 / 1) + 1 = 0 outputs, so it is not offered.
+    (lambda x: F.max_pool(x, 3, 1), "max_pool(window_shape=(3, 3), strides=(1, 1))",
+     "padding of 1 on each side of dim 0, a window of at most 2 along dim 0, or "
+     "adaptive_max_pool(output_size), which fits any input."),
+    # Already ceil mode with padding 1: only a smaller window or the adaptive pool.
+    (lambda x: MaxPool(5, 1, 1, ceil_mode=True)(x),
+     "MaxPool(window_shape=(5, 5), strides=(1, 1), padding=((1, 1), (1, 1)), ceil_mode=True)",
+     "padding of 2 on each side of dim 0, a window of at most 4 along dim 0, or "
+     "AdaptiveMaxPool(output_size), which fits any input."),
+])
+def test_each_way_out_is_offered_only_where_it_fits(call, layer, ways):
+  with pytest.raises(ValueError) as info:
+    call(jnp.ones((1, 2, 2, 1)))
+  message = str(info.value)
+  assert message.startswith(f"{layer} on spatial shape (2, 2): Output size is too small")
+  assert message.endswith(f"Ways out: {ways}")
+
+
+def test_each_suggested_way_out_really_fits():
+  # The suggestions of the first test, applied: each gives one output along dim 0.
+  x = jnp.ones((1, 3, 3, 2))
+  assert MaxPool(5, padding=1)(x).shape == (1, 1, 1, 2)
+  assert MaxPool(5, ceil_mode=True)(x).shape == (1, 1, 1, 2)
+  assert MaxPool(3)(x).shape == (1, 1, 1, 2)
+
+
+def test_the_padding_limit_names_the_layer_and_the_ways_out():
+  with pytest.raises(ValueError) as info:
+    MaxPool(3, padding=2)
+  assert str(info.value) == (
+      "MaxPool(window_shape=(3, 3), strides=(3, 3), padding=((2, 2), (2, 2))): `padding` must "
+      "be at most half the effective window on each side (dim 0: window 3, dilation 1, so at "
+      "most 1); got 2. PyTorch refuses it too. Ways out: padding of at most 1 there, or pad "
+      "the input first with jnp.pad (-inf for a max pool, +inf for a min pool, 0 for an "
+      "average that counts padding) and pool it with less padding.")
+  with pytest.raises(ValueError, match=r"^avg_pool\(window_shape=\(2, 2\), strides=\(2, 2\), "
+                                       r"padding=\(\(2, 2\), \(2, 2\)\)\): `padding` must"):
+    F.avg_pool(jnp.ones((1, 4, 4, 1)), 2, 2, 2)

@@ -11,11 +11,13 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from flax import nnx
 from jax.test_util import check_grads
 
+import nnx_pool
 from nnx_pool import AvgPool, LPPool, MaxPool, MinPool, reference
 
 # seed 003: the 4x4 max-pool grid.
@@ -323,6 +325,54 @@ def test_maxpool_dtypes_match_float32(dtype):
     np.testing.assert_array_equal(indices, ref_indices)
 
 
+def _jax_holds(dtype) -> bool:
+  """Whether this JAX can make an array of ``dtype`` (float6 and e5m3fnu: not in 0.10)."""
+  try:
+    jnp.asarray(np.zeros(2, dtype))
+  except (TypeError, RuntimeError):
+    return False
+  return True
+
+
+FLOATS = [getattr(ml_dtypes, n) for n in dir(ml_dtypes) if n.startswith(("float", "bfloat"))]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("implementation", ["taps", "xla"])
+def test_select_pool_every_ml_dtypes_float(dtype, implementation):
+  # The float8 e4m3fn/fnuz, e8m0fnu and float4 types have no infinity: padding must not
+  # become NaN. Expected: the mirror on the same values in float32 (selection is exact).
+  if not _jax_holds(dtype):
+    name = np.dtype(dtype).name
+    with pytest.raises(TypeError, match=f"`inputs` has dtype {name}, which this JAX cannot"):
+      MaxPool(3, 2, 1)(np.zeros((1, 4, 4, 1), dtype))
+    return
+  x = np.random.default_rng(7).uniform(-6, 6, (2, 5, 7, 3)).astype(dtype)
+  x32 = x.astype(np.float32)
+  with nnx_pool.use_implementation(implementation):
+    for cls, mirror in ((MaxPool, reference.max_pool), (MinPool, reference.min_pool)):
+      values, indices = cls(3, 2, 1, return_indices=True)(jnp.asarray(x))
+      want_values, want_indices = mirror(x32, (3, 3), (2, 2), ((1, 1), (1, 1)))
+      assert values.dtype == dtype
+      np.testing.assert_array_equal(np.asarray(values).astype(np.float32), want_values)
+      np.testing.assert_array_equal(indices, want_indices)
+    # Averages sum in float32 and round once: within one rounding of the float64 mean.
+    mean = AvgPool(3, 2, 1, count_include_pad=False)(jnp.asarray(x))
+    want = reference.avg_pool(x32.astype(np.float64), (3, 3), (2, 2), ((1, 1), (1, 1)),
+                              count_include_pad=False)
+    assert mean.dtype == dtype
+    eps = float(ml_dtypes.finfo(dtype).eps)
+    np.testing.assert_allclose(np.asarray(mean).astype(np.float64), want, rtol=eps,
+                               atol=float(ml_dtypes.finfo(dtype).smallest_subnormal or 0))
+
+
+def test_maxpool_float8_arange_with_padding():
+  # The issue's example: MaxPool(3, 2, 1) on arange(16) in e4m3fn gave [[nan nan] [nan 15]].
+  x = jnp.arange(16.0).reshape(1, 4, 4, 1).astype(jnp.float8_e4m3fn)
+  y = MaxPool(3, 2, 1)(x)
+  np.testing.assert_array_equal(np.asarray(y, np.float32)[0, ..., 0], [[5, 7], [13, 15]])
+
+
 @pytest.mark.parametrize("dtype, rtol", [(jnp.bfloat16, 1e-2), (jnp.float16, 1e-3)])
 def test_avgpool_low_precision_accumulates_in_float32(dtype, rtol):
   x = np.random.default_rng(4).uniform(-1, 1, (2, 9, 9, 3)).astype(np.float32)
@@ -474,8 +524,8 @@ def test_pool_bad_arguments_raise(build, error, match):
 @pytest.mark.parametrize(
     "module, x, error, match",
     [
-        (MaxPool((2, 2)), jnp.zeros((4, 4)), ValueError, r"rank 4 or 3; got shape \(4, 4\)"),
-        (MaxPool((2, 2)), jnp.zeros((1, 1, 4, 4, 1)), ValueError, "rank 4 or 3"),
+        (MaxPool((2, 2)), jnp.zeros((4, 4)), ValueError, r"rank 3 or more; got shape \(4, 4\)"),
+        (MaxPool((2, 2, 2)), jnp.zeros((4, 4, 4)), ValueError, r"rank 4 or more; got shape"),
         (MaxPool((5, 5)), jnp.zeros((1, 4, 4, 1)), ValueError, "Output size is too small"),
         (MaxPool((2, 2)), jnp.zeros((1, 4, 4, 1), jnp.complex64), TypeError, "complex"),
         (MaxPool((2, 2)), jnp.zeros((1, 4, 4, 1), bool), TypeError, "dtype bool"),

@@ -48,6 +48,9 @@ F = torch.nn.functional
 _TOL = dict(rtol=1e-6, atol=1e-6)
 _N, _C = 4, 2  # the four input kinds above, two channels each
 
+# The sweeps draw random channels-last shapes; some look channels-first, by design.
+pytestmark = pytest.mark.filterwarnings("ignore::nnx_pool.ChannelsFirstWarning")
+
 
 # ----------------------------------------------------------------------------
 # Configurations.

@@ -36,3 +36,16 @@ def test_the_pattern_sees_a_machine_path():
   assert MACHINE_PATH.search(f'baseline = "{slash}tmp/base-old"')
   assert MACHINE_PATH.search(f"see {slash}home/me/notes.md")
   assert not MACHINE_PATH.search("regression/baseline/manifest.json and ./tmp/x")
+
+
+def test_the_version_is_written_once():
+  # nnx_pool.__version__ is read from the installed metadata, which pyproject.toml writes.
+  import importlib.metadata
+  import tomllib
+
+  import nnx_pool
+
+  declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+  assert nnx_pool.__version__ == declared == importlib.metadata.version("nnx-pool")
+  source = (ROOT / "nnx_pool" / "__init__.py").read_text()
+  assert f'"{declared}"' not in source
