@@ -3,17 +3,17 @@
 The manifest holds the format and its version, every array's dtype, storage dtype,
 shape and digest (the arrays file is named by a digest of this table), the caller's
 fields, and a checksum of itself. Loading never unpickles; float16 and the ml_dtypes
-are stored as raw bits. A writer holds a ``flock`` on the parent directory, writes the
-arrays file, then the manifest (the commit point), each through an fsynced temporary
-file and ``os.replace``, then deletes what the new manifest does not name. A reader
-opens the arrays file the manifest names, reading the manifest again if a writer
-removed it meanwhile. Format version 1 (``arrays.npz``) is still read. No JAX here.
+are stored as raw bits. A writer holds the lock of the parent directory
+(:mod:`nnx_pool.regression.lock`: a ``flock`` on POSIX), writes the arrays file, then the
+manifest (the commit point), each through an fsynced temporary file and ``os.replace``,
+then deletes what the new manifest does not name. A reader opens the arrays file the
+manifest names, reading the manifest again if a writer removed it meanwhile. Format
+version 1 (``arrays.npz``) is still read. No JAX here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import io
 import json
@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import stat
-import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,8 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from nnx_pool.regression import lock
 
 FORMAT = "nnx-pool-regression"
 FORMAT_VERSION = 2
@@ -202,21 +203,14 @@ def check_writable(out: str | os.PathLike, *, force: bool) -> None:
     raise FileExistsError(f"baseline {out} exists; pass --force to replace it.")
 
 
-def _lock(directory: Path, timeout_s: float) -> int:
-  """An fd holding an exclusive ``flock`` on ``directory``; closing it (or dying) frees it."""
-  fd = os.open(directory, os.O_RDONLY)
-  deadline = time.monotonic() + timeout_s
-  while True:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      return fd
-    except BlockingIOError:
-      if time.monotonic() > deadline:
-        os.close(fd)
-        raise BaselineLockedError(
-            f"another process has been writing a baseline in {directory} for over "
-            f"{timeout_s:g} s; try again when it has finished.") from None
-      time.sleep(0.02)
+def _lock(directory: Path, timeout_s: float) -> lock.Held:
+  """The lock of ``directory`` (:func:`~nnx_pool.regression.lock.exclusive`), for ``timeout_s``."""
+  try:
+    return lock.exclusive(directory, timeout_s=timeout_s)
+  except lock.Busy:
+    raise BaselineLockedError(
+        f"another process has been writing a baseline in {directory} for over "
+        f"{timeout_s:g} s; try again when it has finished.") from None
 
 
 def write_baseline(
@@ -250,8 +244,7 @@ def write_baseline(
   np.savez_compressed(npz, **stored)
   keep = {MANIFEST, arrays_name(manifest)}
   out.parent.mkdir(parents=True, exist_ok=True)
-  lock = _lock(out.parent, LOCK_TIMEOUT_S)
-  try:
+  with _lock(out.parent, LOCK_TIMEOUT_S):
     check_writable(out, force=force)  # again: another writer may have finished meanwhile
     created = not out.exists()
     out.mkdir(exist_ok=True)
@@ -266,8 +259,6 @@ def write_baseline(
     for name in set(os.listdir(out)) - keep:  # old arrays, temporary files of killed writers
       if _OURS.match(name):
         (out / name).unlink(missing_ok=True)
-  finally:
-    os.close(lock)
   return out
 
 
