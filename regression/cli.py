@@ -20,14 +20,16 @@ Commands:
 * ``diff A B [--json OUT]``: compares two recorded baselines.
 * ``info [--json OUT]``: prints the current environment stamp.
 * ``rehearse REQ... [--baseline DIR] [--json OUT] [--html OUT] [--timing] [-k PATTERN]
-  [--dry-run] [--no-cache] [--pytest PATH...]``: runs ``check`` in a throwaway
-  virtual environment that holds this nnx-pool and its dependencies at the versions
-  installed here, except what the pip requirements REQ name (``jax==0.9.2``), against
-  a baseline of this environment, and prints the same report, the versions it changed
-  marked ``(rehearsal)``. This environment is never modified. Environments are cached
-  per requirement set (:func:`nnx_pool.regression.rehearse.cache_root`). ``--pytest``
-  also runs your ``nnx_regression`` tests there, comparing only. See
-  :mod:`nnx_pool.regression.rehearse`.
+  [--dry-run] [--resolve] [--no-cache] [--pytest PATH...]``: runs ``check`` in a
+  throwaway virtual environment that holds this nnx-pool and its dependencies at the
+  versions installed here, except what the PEP 508 requirements REQ name
+  (``jax==0.9.2``), against a baseline of this environment, and prints the same report,
+  the versions it changed marked ``(rehearsal)``. This environment is never modified.
+  ``--resolve`` lets pip choose older versions of the packages that depend on a
+  requirement (flax for jax). Environments are cached per requirement set, the three
+  used most recently kept (:func:`nnx_pool.regression.rehearse.cache_root`);
+  ``rehearse --clear-cache`` empties the cache. ``--pytest`` also runs your
+  ``nnx_regression`` tests there, comparing only. See :mod:`nnx_pool.regression.rehearse`.
 
 On a terminal, ``check`` and ``record`` show which case runs (``check: case 17/104
 max_k2s1_ties_zeros ...``) on one line of stderr that is rewritten in place and cleared
@@ -38,8 +40,9 @@ Exit codes: 0 everything passed; 1 a number moved, an error case stopped
 raising, a case failed to run, or the baseline is out of date (NEW, GONE,
 STALE cases); 2 the batch could not be imported or built (with its
 traceback), the baseline is missing, damaged, of a newer format, or may not
-be written (including a full disk), or too few devices, with a one-line
-reason on stderr. ``rehearse`` exits with ``check``'s code, or 2 with a one-line
+be written (including a full disk), or too few devices, or a ``--json`` or ``--html``
+file cannot be written (checked before anything runs, and again when it is written),
+with a one-line reason on stderr. ``rehearse`` exits with ``check``'s code, or 2 with a one-line
 reason naming the requirement pip could not install; with ``--pytest``, with the worse
 of that and pytest's (failed tests 1; no tests collected, a usage error or an
 interrupted run 2).
@@ -139,15 +142,19 @@ def _parser() -> argparse.ArgumentParser:
                   "dependencies at the versions installed here, except what REQ names, "
                   "against a baseline of this environment. This environment is never "
                   "modified.",
-      epilog="A jax or jaxlib pinned with == brings the other to the same version; name both "
-             "to choose each. A bare name (optax) adds that package at this environment's "
-             "version. Environments are cached per requirement set in "
-             "$NNX_POOL_CACHE/rehearse, else $XDG_CACHE_HOME/nnx-pool/rehearse, else "
-             "~/.cache/nnx-pool/rehearse (delete it to clear). On a terminal, stderr shows "
-             "each step (create, install, run). Exit codes: those of check; 2 when pip cannot "
-             "install a requirement; with --pytest, the worse of check's and pytest's.")
-  p.add_argument("requirements", metavar="REQ", nargs="+",
-                 help="a pip requirement to apply over this environment, e.g. jax==0.9.2")
+      epilog="REQ is a PEP 508 requirement, one per argument (no pip options); a path or URL "
+             "is named: 'mylib @ file:///abs/mylib-1.0-py3-none-any.whl'. A jax or jaxlib "
+             "pinned with == brings the other to the same version; name both to choose each. "
+             "A bare name (optax) adds that package at this environment's version. "
+             "Environments are cached per requirement set in $NNX_POOL_CACHE/rehearse, else "
+             "$XDG_CACHE_HOME/nnx-pool/rehearse, else ~/.cache/nnx-pool/rehearse (about 750 MB "
+             "each); the 3 used most recently are kept ($NNX_POOL_REHEARSE_KEEP changes it), "
+             "and --clear-cache removes them all. On a terminal, stderr shows each step "
+             "(create, install, run). Exit codes: those of check; 2 when a requirement is "
+             "malformed or pip cannot install it; with --pytest, the worse of check's and "
+             "pytest's.")
+  p.add_argument("requirements", metavar="REQ", nargs="*",
+                 help="a PEP 508 requirement to apply over this environment, e.g. jax==0.9.2")
   p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
                  help="baseline directory here (default: the shipped baseline)")
   p.add_argument("-k", dest="pattern", metavar="PATTERN",
@@ -159,12 +166,20 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--html", metavar="OUT",
                  help="also write check's HTML page to OUT (matplotlib is installed in the "
                       "rehearsal environment, not here)")
+  p.add_argument("--resolve", action="store_true",
+                 help="let pip choose, for each package here that depends on a requirement "
+                      "(flax for jax), the newest version no newer than this environment's "
+                      "that admits it; the report names what it chose and why")
+  p.add_argument("--clear-cache", action="store_true",
+                 help="remove every cached rehearsal environment not in use, and exit; "
+                      "give it alone")
   p.add_argument("--no-cache", dest="cache", action="store_false",
                  help="build a throwaway environment and remove it afterwards; the cache is "
                       "neither read nor written")
   p.add_argument("--pytest", metavar="PATH", nargs="+", default=[],
-                 help="also run python -m pytest PATH... there with NNX_REGRESSION_CHECK_ONLY=1 "
-                      "(the nnx_regression fixture compares and never records); give it last")
+                 help="also run python -m pytest PATH... there, from this directory, with "
+                      "NNX_REGRESSION_CHECK_ONLY=1 (the nnx_regression fixture compares and never "
+                      "records); give it last")
   return parser
 
 
@@ -287,10 +302,7 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     The exit code.
   """
   args = _parser().parse_args(argv)
-  html_path = getattr(args, "html", None)
-  problem = None
-  if html_path is not None:  # a rehearsal draws its page in its own environment
-    problem = _html_problem(html_path, args.json, here=args.command != "rehearse")
+  problem = _outputs_problem(args)
   if problem:
     print(f"error: {problem}", file=sys.stderr)
     return 2
@@ -310,8 +322,9 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
           "traceback above says why); nothing was compared.", file=sys.stderr)
     return 2
   _print(report, timing=getattr(args, "timing", False), json_path=args.json)
-  if args.json:
-    write_json(report, args.json)
+  if not _write_json(report, args.json):
+    return 2
+  html_path = getattr(args, "html", None)
   if html_path is not None:
     try:
       with _progress("check --html: figure") as progress:
@@ -325,18 +338,84 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
   return report.exit_code
 
 
+def _write_json(report: Report, path: str | None) -> bool:
+  """Writes ``--json`` (if given); False, with one line on stderr, when it cannot."""
+  if path is None:
+    return True
+  try:
+    write_json(report, path)
+  except OSError as e:
+    print(f"error: --json {path}: could not write it ({e.strerror or e}); any earlier file "
+          "there is unchanged.", file=sys.stderr)
+    return False
+  return True
+
+
 def _rehearse(args: argparse.Namespace) -> int:
   """``rehearse``: prints the report of check in the rehearsal environment; the exit code."""
+  if args.clear_cache:
+    return _clear_cache(args)
+  if not args.requirements:
+    print("error: rehearse: name at least one requirement, e.g. jax==0.9.2 (or pass "
+          "--clear-cache alone).", file=sys.stderr)
+    return 2
   with _progress("rehearse: step") as progress:
     report = rehearse.rehearse(
         args.requirements, baseline=args.baseline, pattern=args.pattern, dry_run=args.dry_run,
-        html=args.html, pytest_paths=args.pytest, cache=args.cache, progress=progress)
+        html=args.html, pytest_paths=args.pytest, cache=args.cache, resolve=args.resolve,
+        progress=progress)
   _print(report, timing=args.timing, json_path=args.json)
-  if args.json:
-    write_json(report, args.json)
+  if not _write_json(report, args.json):
+    return 2
   if args.html is not None and not report.error and Path(args.html).is_file():
     print(f"(the HTML report, with heatmaps of the failing arrays, is in {args.html})")
   return report.exit_code
+
+
+def _clear_cache(args: argparse.Namespace) -> int:
+  """``rehearse --clear-cache``: removes the cached environments; prints what it did."""
+  extra = [name for name, given in (("REQ", args.requirements), ("--json", args.json),
+                                    ("--html", args.html), ("--pytest", args.pytest),
+                                    ("--resolve", args.resolve), ("--no-cache", not args.cache))
+           if given]
+  if extra:
+    print(f"error: rehearse --clear-cache takes no {', '.join(extra)}; run it alone.",
+          file=sys.stderr)
+    return 2
+  cleared = rehearse.clear_cache()
+  where = rehearse.shown(cleared.root)
+  if cleared.removed or cleared.freed:
+    print(f"removed {len(cleared.removed)} rehearsal environment(s) from {where}, "
+          f"{cleared.freed / 1e6:.0f} MB")
+  else:
+    print(f"no rehearsal environment to remove in {where}")
+  if cleared.busy:
+    print(f"left {len(cleared.busy)} in use by a running rehearsal: {', '.join(cleared.busy)}")
+  return 0
+
+
+def _outputs_problem(args: argparse.Namespace) -> str | None:
+  """Why ``--json`` or ``--html`` cannot be written (one line), found before anything runs."""
+  json_path, html_path = getattr(args, "json", None), getattr(args, "html", None)
+  if json_path is not None:
+    problem = _output_problem("--json", json_path)
+    if problem:
+      return problem
+  if html_path is not None:  # a rehearsal draws its page in its own environment
+    return _html_problem(html_path, json_path, here=args.command != "rehearse")
+  return None
+
+
+def _output_problem(flag: str, path: str) -> str | None:
+  """Why the file ``path`` that ``flag`` names cannot be written, or None."""
+  out = Path(path)
+  if out.is_dir():
+    return f"{flag} {path}: is a directory; name the file to write."
+  if not out.parent.is_dir():
+    return f"{flag} {path}: directory {out.parent} does not exist."
+  if not os.access(out.parent, os.W_OK | os.X_OK):
+    return f"{flag} {path}: directory {out.parent} is not writable."
+  return None
 
 
 def _html_problem(path: str, json_path: str | None, *, here: bool = True) -> str | None:
@@ -346,14 +425,10 @@ def _html_problem(path: str, json_path: str | None, *, here: bool = True) -> str
   """
   if here and not html.available():
     return html.MISSING
-  out = Path(path)
-  if out.is_dir():
-    return f"--html {path}: is a directory; name the file to write."
-  if not out.parent.is_dir():
-    return f"--html {path}: directory {out.parent} does not exist."
-  if not os.access(out.parent, os.W_OK | os.X_OK):
-    return f"--html {path}: directory {out.parent} is not writable."
-  if json_path is not None and Path(json_path).resolve() == out.resolve():
+  problem = _output_problem("--html", path)
+  if problem:
+    return problem
+  if json_path is not None and Path(json_path).resolve() == Path(path).resolve():
     return f"--html and --json name the same file ({path}); give each its own."
   return None
 

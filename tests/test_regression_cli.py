@@ -417,6 +417,51 @@ def test_cli_info_prints_the_stamp(capsys, tmp_path, monkeypatch):
   assert stamp["env"]["XLA_FLAGS"] == "--xla_cpu_test_flag"
 
 
+# A --json file that cannot be written is refused before anything runs (issue 21, item 8: it
+# was written last, and `info --json /nonexistent/dir/r.json` ended in a traceback, exit 1).
+@pytest.mark.parametrize("command", [
+    ["info"], ["check"], ["record", "--out", "new-baseline"], ["diff", "a", "b"],
+    ["rehearse", "jax==0.9.2"],
+])
+def test_cli_json_into_a_missing_directory_exits_2_before_running(command, capsys, tmp_path,
+                                                                  monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(cli.rehearse, "rehearse", lambda *a, **k: _never_built())
+  for name in ("info", "diff", "record", "check"):
+    monkeypatch.setattr(commands, name, lambda *a, **k: _never_built())
+  path = tmp_path / "nonexistent" / "dir" / "r.json"
+  assert cli.main([*command, "--json", str(path)], batch=_never_built) == 2
+  out, err = capsys.readouterr()
+  assert out == ""
+  assert err == f"error: --json {path}: directory {path.parent} does not exist.\n"
+  assert not (tmp_path / "new-baseline").exists()
+
+
+def test_cli_json_naming_a_directory_exits_2_before_running(capsys, tmp_path):
+  assert cli.main(["check", "--json", str(tmp_path)], batch=_never_built) == 2
+  assert capsys.readouterr().err == (
+      f"error: --json {tmp_path}: is a directory; name the file to write.\n")
+
+
+def test_cli_json_that_fails_to_write_exits_2_with_one_line(capsys, tmp_path, monkeypatch):
+  out = tmp_path / "i.json"
+  out.write_text("the earlier report\n")
+  real_write_file = store._write_file
+
+  def full_disk(path, data):
+    real_write_file(path, data[:10])  # a partial temporary file, then the disk is full
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(store, "_write_file", full_disk)
+  assert _main(["info", "--json", str(out)]) == 2
+  captured = capsys.readouterr()
+  assert "versions:" in captured.out  # the report was printed; only the file failed
+  assert captured.err == (f"error: --json {out}: could not write it (No space left on device); "
+                          "any earlier file there is unchanged.\n")
+  assert out.read_text() == "the earlier report\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["i.json"]
+
+
 def test_cli_check_pairs_drift_with_environment_changes(baseline, capsys, monkeypatch):
   def older(arrays, manifest):
     manifest["stamp"]["versions"]["jax"] = "0.9.2"

@@ -2,9 +2,10 @@
 
 The fast tests never install anything: where a rehearsal runs end to end, ``venv`` is
 replaced by a stand-in whose ``bin/python`` is a shell script that logs its arguments
-and plays pip, ``check`` or pytest from files the test writes. The one test marked
-``rehearsal`` installs real wheels from the registry (jax 0.9.2); ``make test`` leaves
-it out and ``make test-rehearsal`` runs it.
+and plays pip, ``check`` or pytest from files the test writes. The user's tests are run
+for real once, in a tiny virtual environment that borrows this one's packages (no
+install). The one test marked ``rehearsal`` installs real wheels from the registry
+(jax 0.9.2); ``make test`` leaves it out and ``make test-rehearsal`` runs it.
 """
 
 import dataclasses
@@ -13,11 +14,18 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
+import threading
+import time
+import venv
 from pathlib import Path
 
 import pytest
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Pep508
 
-from nnx_pool.regression import cli, pytest_plugin, rehearse
+import nnx_pool
+from nnx_pool.regression import cli, lock, pytest_plugin, rehearse
 from nnx_pool.regression.rehearse import RehearsalError, Requirement, make_plan
 from nnx_pool.regression.report import Report, Row
 from nnx_pool.regression.stamp import SHIPPED, installed_versions
@@ -28,6 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 REHEARSED_JAX = f"jax {importlib.metadata.version('jax')} -> 0.9.2 (rehearsal)"
 PINS = {"flax": "0.12.8", "jax": "0.10.2", "jaxlib": "0.10.2", "numpy": "2.4.6",
         "optax": "0.2.8", "pytest": "9.2.0"}
+# What those packages require (their Requires-Dist, flax 0.12.8's and optax 0.2.8's cut short).
+DEPENDS = {
+    "flax": ("numpy>=1.23.2", "jax>=0.10.0", "optax", 'pytest; extra == "testing"'),
+    "optax": ("absl-py>=0.7.1", "chex>=0.1.87", "jax>=0.5.3", "jaxlib>=0.5.3", "numpy>=1.18.0"),
+    "chex": ("jax>=0.7.0", "numpy>=1.24.1"),
+    "numpy": (),
+    "jax": ("jaxlib<=0.10.2,>=0.10.2", "ml_dtypes>=0.5.0", "numpy>=2.0"),
+    "pytest": ("pluggy<2,>=1.5", 'pygments>=2.7.2; extra == "dev"'),
+    "sybil": ('pytest>=8; extra == "pytest"',),
+}
 
 # pip 23.2.1's output (the pip that `python -m venv` installs on Python 3.11), captured from
 # real runs against PyPI; the long "from versions" list is cut.
@@ -66,48 +84,94 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics
 def test_rehearse_parser_reads_requirements_then_options():
   args = cli._parser().parse_args([
       "rehearse", "jax==0.9.2", "flax>=0.12", "--baseline", "base", "--json", "r.json",
-      "--no-cache", "-k", "avg_", "--dry-run", "--pytest", "tests/a.py", "tests/b.py"])
+      "--no-cache", "-k", "avg_", "--dry-run", "--resolve", "--pytest", "tests/a.py",
+      "tests/b.py"])
   assert args.command == "rehearse"
   assert args.requirements == ["jax==0.9.2", "flax>=0.12"]
   assert (args.baseline, args.json, args.pattern) == ("base", "r.json", "avg_")
-  assert (args.cache, args.dry_run, args.html) == (False, True, None)
+  assert (args.cache, args.dry_run, args.html, args.resolve) == (False, True, None, True)
   assert args.pytest == ["tests/a.py", "tests/b.py"]
   defaults = cli._parser().parse_args(["rehearse", "jax==0.9.2"])
   assert (defaults.baseline, defaults.cache, defaults.pytest) == (str(SHIPPED), True, [])
+  assert (defaults.resolve, defaults.clear_cache) == (False, False)
 
 
-def test_rehearse_parser_needs_a_requirement(capsys):
-  with pytest.raises(SystemExit) as exit_:
-    cli._parser().parse_args(["rehearse"])
-  assert exit_.value.code == 2
-  assert "REQ" in capsys.readouterr().err
+def test_rehearse_needs_a_requirement_or_clear_cache(capsys):
+  assert cli.main(["rehearse"]) == 2
+  assert capsys.readouterr().err == (
+      "error: rehearse: name at least one requirement, e.g. jax==0.9.2 (or pass --clear-cache "
+      "alone).\n")
+
+
+def test_rehearse_clear_cache_runs_alone(capsys):
+  assert cli.main(["rehearse", "--clear-cache", "jax==0.9.2", "--resolve"]) == 2
+  assert capsys.readouterr().err == (
+      "error: rehearse --clear-cache takes no REQ, --resolve; run it alone.\n")
 
 
 # ------------------------------------------------------------------ the plan
 
 
-@pytest.mark.parametrize(("text", "name", "versioned", "exact"), [
-    ("jax==0.9.2", "jax", True, "0.9.2"),
-    (" jax == 0.9.2 ", "jax", True, "0.9.2"),
-    ("jax[cuda12]==0.9.2", "jax", True, "0.9.2"),
-    ("flax>=0.12,<0.13", "flax", True, None),
-    ("jax==0.9.*", "jax", True, None),
-    ("ML_Dtypes~=0.5", "ml-dtypes", True, None),
-    ("optax", "optax", False, None),
-    ("jax (==0.9.2)", "jax", True, "0.9.2"),
-    ("jax==0.9.2; python_version >= '3.11'", "jax", True, "0.9.2"),
-    ("mylib @ https://example.org/mylib-1.0-py3-none-any.whl", "mylib", True, None),
-    ("./wheels/jax-0.9.2-py3-none-any.whl", None, True, None),
+@pytest.mark.parametrize(("text", "pip_reads", "name", "versioned", "exact"), [
+    ("jax==0.9.2", "jax==0.9.2", "jax", True, "0.9.2"),
+    (" jax == 0.9.2 ", "jax==0.9.2", "jax", True, "0.9.2"),
+    ("jax[cuda12]==0.9.2", "jax[cuda12]==0.9.2", "jax", True, "0.9.2"),
+    ("jax==0.9.2+cpu", "jax==0.9.2+cpu", "jax", True, "0.9.2+cpu"),
+    ("flax>=0.12,<0.13", "flax<0.13,>=0.12", "flax", True, None),
+    ("jax==0.9.*", "jax==0.9.*", "jax", True, None),
+    ("ML_Dtypes~=0.5", "ML_Dtypes~=0.5", "ml-dtypes", True, None),
+    ("optax", "optax", "optax", False, None),
+    ("jax (==0.9.2)", "jax==0.9.2", "jax", True, "0.9.2"),
+    ("jax==0.9.2; python_version >= '3.11'", 'jax==0.9.2; python_version >= "3.11"', "jax",
+     True, "0.9.2"),
+    ("mylib @ https://example.org/mylib-1.0-py3-none-any.whl",
+     "mylib @ https://example.org/mylib-1.0-py3-none-any.whl", "mylib", True, None),
 ])
-def test_requirement_parse_names_and_versions(text, name, versioned, exact):
+def test_requirement_parse_names_and_versions(text, pip_reads, name, versioned, exact):
   req = Requirement.parse(text)
   assert (req.name, req.versioned, req.exact) == (name, versioned, exact)
+  # packaging 24 writes `mylib@ URL`, 26 `mylib @ URL`; PEP 508 and pip read both.
+  assert req.text.replace(" @ ", "@ ") == pip_reads.replace(" @ ", "@ ")
 
 
-@pytest.mark.parametrize("text", ["", "  ", "--index-url=https://x", "jax 0.9.2", "jax==1\nflax"])
-def test_requirement_parse_refuses_what_is_no_requirement(text):
-  with pytest.raises(RehearsalError, match=r"^rehearse: .* is not a requirement"):
+# Each was accepted before (issue 21, item 3), the text written to pip's requirements file
+# as it was, where pip honours an option after a requirement. The reason in parentheses is
+# the first line of packaging's own (its wording differs between releases).
+@pytest.mark.parametrize("text", [
+    "", "  ", "--index-url=https://x", "jax 0.9.2", "jax==1\nflax",
+    "jax==0.9.2 --config-settings=x=y", "jax ==0.9.2 optax", "jax==0.9.2; --hash=sha256:0",
+])
+def test_requirement_parse_refuses_what_is_no_pep508_requirement(text):
+  with pytest.raises(InvalidRequirement) as packaging_says:
+    Pep508(text)
+  reason = str(packaging_says.value).splitlines()[0]
+  with pytest.raises(RehearsalError) as error:
     Requirement.parse(text)
+  assert str(error.value) == (
+      f"rehearse: {text!r} is not a requirement ({reason}); give one PEP 508 requirement per "
+      "argument, a name, optional [extras], then a version specifier, e.g. jax==0.9.2 or "
+      "'flax>=0.12', and no pip options.")
+
+
+def test_requirement_parse_asks_a_path_or_url_for_its_name(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  wheel = "./wheels/jax-0.9.2-py3-none-any.whl"
+  with pytest.raises(RehearsalError) as error:
+    Requirement.parse(wheel)
+  uri = "file://" + (tmp_path / "wheels" / "jax-0.9.2-py3-none-any.whl").as_posix()
+  assert str(error.value) == (
+      f"rehearse: {wheel!r} is a path or URL without a name; name the package it installs, as "
+      f"PEP 508 writes it: 'NAME @ {uri}'.")
+  with pytest.raises(RehearsalError, match=r"'NAME @ https://example\.org/x-1\.0\.tar\.gz'\.$"):
+    Requirement.parse("https://example.org/x-1.0.tar.gz")
+
+
+def test_requirement_parse_refuses_a_marker_false_here():
+  with pytest.raises(RehearsalError) as error:
+    Requirement.parse("jax==0.9.2; python_version < '3'")
+  assert str(error.value) == (
+      "rehearse: \"jax==0.9.2; python_version < '3'\" does not apply to this interpreter (its "
+      "marker 'python_version < \"3\"' is false here); leave the marker out.")
 
 
 def _dist_info(root: Path, name: str, version: str, direct_url: dict | None = None) -> None:
@@ -144,14 +208,16 @@ def test_installed_pins_of_this_environment_hold_jax_and_not_nnx_pool():
 def test_this_source_of_a_checkout_is_copied_never_built_in_place(tmp_path):
   source = rehearse.this_source()
   assert source.root == ROOT and any(r.startswith("jax>=") for r in source.requires)
-  requirement = source.requirement(["report"], tmp_path)
-  assert requirement == f"nnx-pool[report] @ {(tmp_path / 'nnx-pool-source').as_uri()}"
+  snapshot = source.snapshot(["report"], tmp_path)
+  assert snapshot.requirement == f"nnx-pool[report] @ {(tmp_path / 'nnx-pool-source').as_uri()}"
   copied = {p.relative_to(tmp_path / "nnx-pool-source") for p in
             (tmp_path / "nnx-pool-source").rglob("*") if p.is_file()}
   assert {Path("pyproject.toml"), Path("nnx_pool/__init__.py"),
           Path("regression/baseline/manifest.json")} <= copied
   assert not any("__pycache__" in p.parts for p in copied)
-  assert source.digest() == rehearse.this_source().digest()
+  assert (tmp_path / "nnx-pool-source" / "nnx_pool" / "__init__.py").read_bytes() == (
+      ROOT / "nnx_pool" / "__init__.py").read_bytes()
+  assert snapshot.digest == source.digest() == rehearse.this_source().digest()
 
 
 @pytest.mark.parametrize(("direct_url", "expected"), [
@@ -167,8 +233,8 @@ def test_this_source_of_an_installed_wheel_is_where_pip_got_it(
   monkeypatch.setattr(importlib.metadata, "distribution", lambda name: dist)
   source = rehearse.this_source()
   assert source.root is None
-  assert source.requirement(["report"], tmp_path) == expected
-  assert source.requirement([], tmp_path) == expected.replace("[report]", "")
+  assert source.snapshot(["report"], tmp_path).requirement == expected
+  assert source.snapshot([], tmp_path).requirement == expected.replace("[report]", "")
 
 
 def test_make_plan_a_requirement_releases_only_its_own_pin():
@@ -185,6 +251,11 @@ def test_make_plan_jax_pinned_exactly_brings_jaxlib_to_the_same_version():
   assert plan.changes == ("jax==0.9.2",)
   assert not any(c.startswith(("jax==", "jaxlib==")) for c in plan.constraints)
   assert make_plan(["jaxlib==0.9.2"], pins=PINS).requirements == ("jaxlib==0.9.2", "jax==0.9.2")
+  # A local version and extras: the partner takes the version as written, without the extras.
+  assert make_plan(["jax[cuda12]==0.9.2+cpu"], pins=PINS).requirements == (
+      "jax[cuda12]==0.9.2+cpu", "jaxlib==0.9.2+cpu")
+  # What pip reads is the parsed requirement, whatever the spacing given.
+  assert make_plan([" jax == 0.9.2 "], pins=PINS).requirements == ("jax==0.9.2", "jaxlib==0.9.2")
 
 
 def test_make_plan_jax_range_releases_jaxlib_for_pip_to_choose():
@@ -220,19 +291,84 @@ def test_make_plan_refuses_nnx_pool_and_an_empty_list():
     make_plan([], pins=PINS)
 
 
-def test_plan_key_is_stable_and_ignores_order():
+def test_plan_key_is_the_requirement_set_not_this_environments_pins():
   key = make_plan(["jax==0.9.2", "flax==0.12.6"], pins=PINS).key()
   assert len(key) == 16 and int(key, 16) >= 0
   assert make_plan(["flax==0.12.6", "jax==0.9.2"], pins=PINS).key() == key
-  assert make_plan(["jax==0.9.2", "flax==0.12.6"], pins=dict(reversed(PINS.items()))).key() == key
+  assert make_plan([" jax == 0.9.2", "flax==0.12.6"], pins=PINS).key() == key
+  # Anything installed or upgraded here keeps the key (issue 21, item 10: it was part of it).
+  assert make_plan(["jax==0.9.2", "flax==0.12.6"], pins={**PINS, "numpy": "2.4.5"}).key() == key
+  assert make_plan(["jax==0.9.2", "flax==0.12.6"], pins={**PINS, "rich": "14.0.0"}).key() == key
+  assert make_plan(["jax==0.9.2", "flax==0.12.6"], pins=PINS, requires=["jax>=0.8"]).key() == key
   others = [
       make_plan(["jax==0.9.2", "flax==0.12.5"], pins=PINS),
-      make_plan(["jax==0.9.2", "flax==0.12.6"], pins={**PINS, "numpy": "2.4.5"}),
       make_plan(["jax==0.9.2", "flax==0.12.6"], pins=PINS, html=True),
       make_plan(["jax==0.9.2", "flax==0.12.6"], pins=PINS, pytest=True),
-      make_plan(["jax==0.9.2", "flax==0.12.6"], pins=PINS, requires=["jax>=0.8"]),
+      make_plan(["jax==0.9.2", "flax==0.12.6"], pins=PINS, resolve=True, depends=DEPENDS),
   ]
   assert len({key, *(p.key() for p in others)}) == 1 + len(others)
+
+
+def test_make_plan_resolve_bounds_every_dependent_of_a_released_package_by_its_version_here():
+  pins = {**PINS, "chex": "0.1.92", "sybil": "10.1.0"}
+  plan = make_plan(["jax==0.9.2"], pins=pins, resolve=True, depends=DEPENDS)
+  # flax, chex and optax require jax (optax through chex too); numpy and pytest do not, and
+  # sybil needs pytest only with its extra.
+  assert plan.resolved == ("chex", "flax", "optax")
+  assert plan.constraints == ("chex<=0.1.92", "flax<=0.12.8", "numpy==2.4.6", "optax<=0.2.8",
+                              "pytest==9.2.0", "sybil==10.1.0")
+  assert plan.requirements == ("jax==0.9.2", "jaxlib==0.9.2")
+  without = make_plan(["jax==0.9.2"], pins=pins, depends=DEPENDS)
+  assert without.resolved == () and "flax==0.12.8" in without.constraints
+
+
+def test_cache_keep_count_reads_its_variable(monkeypatch):
+  monkeypatch.delenv("NNX_POOL_REHEARSE_KEEP", raising=False)
+  assert rehearse.keep_count() == 3
+  monkeypatch.setenv("NNX_POOL_REHEARSE_KEEP", "5")
+  assert rehearse.keep_count() == 5
+  for bad in ("0", "-1", "two"):
+    monkeypatch.setenv("NNX_POOL_REHEARSE_KEEP", bad)
+    with pytest.raises(RehearsalError) as error:
+      rehearse.keep_count()
+    assert str(error.value) == (
+        "rehearse: NNX_POOL_REHEARSE_KEEP must be how many rehearsal environments to keep, a "
+        f"whole number of 1 or more; got {bad!r}. Unset it to keep 3.")
+
+
+def _entry(root: Path, name: str, used: float) -> Path:
+  entry = root / name
+  (entry / "env" / "bin").mkdir(parents=True)
+  (entry / "env" / "pyvenv.cfg").write_text("home = nowhere\n")
+  (entry / "last-used").write_text("")
+  os.utime(entry / "last-used", (used, used))
+  return entry
+
+
+def test_prune_keeps_the_most_recently_used_and_any_in_use(tmp_path):
+  now = time.time()
+  names = [f"{n:016x}" for n in range(5)]  # entry n was last used n hours ago
+  for n, name in enumerate(names):
+    _entry(tmp_path, name, now - 3600 * n)
+  (tmp_path / "not-a-key").mkdir()  # never ours to remove
+  with lock.exclusive(tmp_path / names[4]):  # in use by another rehearsal
+    assert rehearse.prune(tmp_path, 2, current=names[3]) == [names[1], names[2]]
+  assert sorted(p.name for p in tmp_path.iterdir()) == [names[0], names[3], names[4], "not-a-key"]
+  assert rehearse.prune(tmp_path, 2) == [names[4]]
+
+
+def test_clear_cache_removes_every_environment_not_in_use(tmp_path):
+  for n in range(3):
+    _entry(tmp_path, f"{n:016x}", time.time())
+  (tmp_path / f"{0:016x}" / "env" / "big").write_bytes(b"x" * 5000)
+  (tmp_path / ".tmp-0123456789abcdef-x").mkdir()  # a build an older layout left
+  with lock.exclusive(tmp_path / f"{2:016x}"):
+    cleared = rehearse.clear_cache(tmp_path)
+  assert sorted(cleared.removed) == [f"{0:016x}", f"{1:016x}"]
+  assert cleared.busy == [f"{2:016x}"]
+  assert 5000 <= cleared.freed < 5100  # the file of 5000 bytes and three short ones
+  assert [p.name for p in tmp_path.iterdir()] == [f"{2:016x}"]
+  assert rehearse.clear_cache(tmp_path / "nowhere").removed == []
 
 
 def test_cache_root_follows_nnx_pool_cache_then_xdg_then_home(monkeypatch, tmp_path):
@@ -256,10 +392,51 @@ def test_pip_failure_names_the_requirement_without_a_distribution():
       "No matching distribution found for jax==0.0.1")
 
 
-def test_pip_failure_names_the_pin_in_the_way_of_a_conflict():
+def test_pip_failure_names_the_pin_in_the_way_of_a_conflict_and_suggests_resolve():
   assert rehearse.pip_failure(PIP_CONFLICT, ["jax==0.9.2"], {**PINS, "chex": "0.1.92"}) == (
       "rehearse: pip could not install jax==0.9.2: flax 0.12.8 depends on jax>=0.10.0 "
+      "(flax 0.12.8 is this environment's version; name a flax version too, or pass --resolve "
+      "to let pip choose one)")
+  # With --resolve given already, naming a version is what is left.
+  assert rehearse.pip_failure(PIP_CONFLICT, ["jax==0.9.2"], PINS, resolve=True) == (
+      "rehearse: pip could not install jax==0.9.2: flax 0.12.8 depends on jax>=0.10.0 "
       "(flax 0.12.8 is this environment's version; name a flax version too)")
+
+
+# Dependents whose specifiers admit jax 0.9.2 only by PEP 440 rules the home-made subset did
+# not read (~=, a wildcard, a pre-release bound): it listed each as part of the conflict.
+@pytest.mark.parametrize("spec", ["~=0.9", "==0.9.*", ">=0.9.2rc1", "<0.10,!=0.9.1"])
+def test_pip_failure_leaves_out_dependents_that_admit_the_requested_version(spec):
+  output = PIP_CONFLICT.replace("    chex 0.1.92 depends on jax>=0.7.0\n",
+                                f"    chex 0.1.92 depends on jax{spec}\n")
+  assert rehearse.pip_failure(output, ["jax==0.9.2"], PINS) == (
+      "rehearse: pip could not install jax==0.9.2: flax 0.12.8 depends on jax>=0.10.0 "
+      "(flax 0.12.8 is this environment's version; name a flax version too, or pass --resolve "
+      "to let pip choose one)")
+
+
+def test_resolved_notes_name_each_version_chosen_and_the_requirement_that_ruled_out_ours():
+  pins = {**PINS, "chex": "0.1.92"}
+  plan = make_plan(["jax==0.9.2"], pins=pins, resolve=True, depends=DEPENDS)
+  there = {"flax": "0.12.6", "optax": "0.2.8", "chex": "0.1.92", "jax": "0.9.2",
+           "jaxlib": "0.9.2", "numpy": "2.4.6"}
+  assert rehearse.resolved_notes(plan, there, pins, DEPENDS) == [
+      "rehearsal: --resolve chose flax 0.12.6 (flax 0.12.8, this environment's, requires "
+      "jax>=0.10.0, which excludes jax 0.9.2)"]
+  # A version chosen for no requirement of ours that the rehearsal excludes.
+  assert rehearse.resolved_notes(plan, {**there, "optax": "0.2.7"}, pins, DEPENDS)[1] == (
+      "rehearsal: --resolve chose optax 0.2.7 (the newest optax no newer than this "
+      "environment's 0.2.8 that pip could install with the requirements)")
+  assert rehearse.resolved_notes(plan, {**there, "flax": "0.12.8"}, pins, DEPENDS) == [
+      "rehearsal: --resolve kept every dependent at this environment's version"]
+  assert rehearse.resolved_notes(make_plan(["jax==0.9.2"], pins=PINS), there, PINS, {}) == []
+
+
+def test_stale_pins_name_each_installed_version_a_constraint_no_longer_admits():
+  there = {"numpy": "2.4.5", "flax": "0.12.6", "jax": "0.9.2", "optax": "0.2.8"}
+  constraints = ["numpy==2.4.6", "flax<=0.12.8", "optax<=0.2.7", "rich==14.0.0"]
+  assert rehearse.stale_pins(there, constraints) == ["numpy 2.4.5 -> 2.4.6",
+                                                     "optax 0.2.8 -> <=0.2.7"]
 
 
 def test_pip_failure_of_a_pinned_constraint_and_of_an_unknown_error():
@@ -267,6 +444,7 @@ def test_pip_failure_of_a_pinned_constraint_and_of_an_unknown_error():
             "dependencies.\n\nThe conflict is caused by:\n    The user requested jax==0.9.2\n"
             "    jax 0.9.2 depends on numpy<2.4\n"
             "    The user requested (constraint) numpy==2.4.6\n\n")
+  # numpy is a dependency of jax, not a dependent: --resolve would not release it.
   assert rehearse.pip_failure(output, ["jax==0.9.2"], PINS) == (
       "rehearse: pip could not install jax==0.9.2: jax 0.9.2 depends on numpy<2.4; The user "
       "requested (constraint) numpy==2.4.6 (numpy 2.4.6 is this environment's version; name a "
@@ -302,8 +480,16 @@ def test_the_check_only_variable_is_the_plugins():
 # ------------------------------------------------- a run through a stand-in venv
 
 FAKE_PYTHON = """#!/bin/sh
+if [ "$1" = "-c" ]; then  # the user's tests (rehearse.PYTEST_MAIN)
+  shift 2
+  echo "pytest $* (in $(pwd))" >> "$FAKE/log"
+  echo "check-only=$NNX_REGRESSION_CHECK_ONLY" >> "$FAKE/log"
+  if [ -f "$FAKE/foreign" ]; then cp "$FAKE/foreign" "$NNX_POOL_REHEARSE_FOREIGN"; exit 4; fi
+  exit "$(cat "$FAKE/pytest_rc")"
+fi
 echo "$*" >> "$FAKE/log"
 if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
+  if [ -d "$FAKE/site" ]; then cp -R "$FAKE/site/." "$VIRTUAL_ENV/lib/python3/site-packages/"; fi
   cat "$FAKE/pip_output"; exit "$(cat "$FAKE/pip_rc")"
 fi
 if [ "$3" = "nnx_pool.regression" ]; then
@@ -312,9 +498,6 @@ if [ "$3" = "nnx_pool.regression" ]; then
     shift
   done
   exit "$(cat "$FAKE/check_rc")"
-fi
-if [ "$3" = "pytest" ]; then
-  echo "check-only=$NNX_REGRESSION_CHECK_ONLY" >> "$FAKE/log"; exit "$(cat "$FAKE/pytest_rc")"
 fi
 exit 99
 """
@@ -331,6 +514,7 @@ class _StandInBuilder:
   def create(self, env):
     env = Path(env)
     (env / "bin").mkdir(parents=True)
+    (env / "lib" / "python3" / "site-packages").mkdir(parents=True)
     (env / "bin" / "python").write_text(FAKE_PYTHON)
     (env / "bin" / "python").chmod(0o755)
     (env / "pyvenv.cfg").write_text("home = nowhere\n")
@@ -405,6 +589,14 @@ def stand_in(monkeypatch, tmp_path):
     assert Path(args[0]).resolve() != Path(sys.executable).resolve()
 
 
+def _cache() -> Path:
+  return Path(os.environ["NNX_POOL_CACHE"]) / "rehearse"
+
+
+def _steps(progress: _Progress) -> list[str]:
+  return [c[2] for c in progress.calls if c != "clear"]
+
+
 def test_rehearse_an_unsatisfiable_requirement_exits_2_with_one_line(stand_in, capsys):
   stand_in.write("pip_output", PIP_NO_MATCH)
   stand_in.write("pip_rc", "1")
@@ -413,8 +605,7 @@ def test_rehearse_an_unsatisfiable_requirement_exits_2_with_one_line(stand_in, c
   assert out == ""
   assert err == ("error: rehearse: pip could not install jax==0.0.1: "
                  "No matching distribution found for jax==0.0.1\n")
-  root = Path(os.environ["NNX_POOL_CACHE"]) / "rehearse"
-  assert list(root.iterdir()) == []  # the half-built environment is gone, nothing cached
+  assert list(_cache().iterdir()) == []  # the half-built environment is gone, nothing cached
   pip_calls = [a for a in stand_in.started if a[1:3] == ["-m", "pip"]]
   assert len(pip_calls) == 1 and pip_calls[0][3] == "install"
 
@@ -431,12 +622,13 @@ def test_rehearse_runs_check_there_and_reports_the_change_as_the_rehearsals(stan
   assert report.notes[-1].startswith("rehearsal: check ran in a separate environment with "
                                      "jax==0.9.2, everything else at this environment's")
   assert [c[:2] for c in progress.calls if c != "clear"][0] == (1, 3)
-  steps = [c[2] for c in progress.calls if c != "clear"]
+  steps = _steps(progress)
   assert steps[0] == "creating a virtual environment (python -m venv)"
   assert steps[1:3] == ["installing jax==0.9.2 jaxlib==0.9.2 and nnx-pool (pip)",
                         "pip: Collecting jax==0.9.2"]  # pip's lines, warnings left out
   assert steps[-1] == "running check" and progress.calls[-1] == "clear"
-  (env,) = (Path(os.environ["NNX_POOL_CACHE"]) / "rehearse").iterdir()
+  (entry,) = _cache().iterdir()
+  env = entry / "env"
   assert (env / "rehearsal-requirements.txt").read_text() == "jax==0.9.2\njaxlib==0.9.2\n"
   constraints = (env / "rehearsal-constraints.txt").read_text().splitlines()
   assert "flax==" + installed_versions()["flax"] in constraints
@@ -459,6 +651,90 @@ def test_rehearse_reuses_a_cached_environment(stand_in):
   assert sum(line.startswith("-m pip") for line in log) == 1
 
 
+def test_rehearse_a_cached_environment_follows_a_pin_that_moved_here(stand_in):
+  rehearse.rehearse(["jax==0.9.2"], baseline="base")
+  (entry,) = _cache().iterdir()
+  numpy = installed_versions()["numpy"]
+  # The environment holds an older numpy than this one (as if numpy was upgraded here since).
+  _dist_info(next((entry / "env" / "lib").glob("python*/site-packages")), "numpy", "1.0.0")
+  again = _Progress()
+  report = rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=again)
+  assert len(_StandInBuilder.created) == 1  # the same environment, not a new one
+  assert _steps(again)[0] == f"updating numpy 1.0.0 -> {numpy} to this environment's versions (pip)"
+  assert report.notes[-1].endswith(" s)") and "(updated in " in report.notes[-1]
+  installs = [line for line in stand_in.log() if line.startswith("-m pip install -c ")]
+  assert len(installs) == 2
+
+
+def test_rehearse_stamps_the_nnx_pool_it_copied_not_one_edited_during_the_install(
+    stand_in, monkeypatch, tmp_path):
+  checkout = tmp_path / "checkout"
+  for name in ("pyproject.toml", "README.md", "nnx_pool/__init__.py", "regression/cli.py"):
+    (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+    (checkout / name).write_text(f"# {name}, before\n")
+  source = rehearse.Source(checkout, None, None, ("jax>=0.7.0",))
+  monkeypatch.setattr(rehearse, "this_source", lambda: source)
+  real_pip = rehearse._pip
+
+  def edited_during_the_install(env, args, *, on_line):
+    (checkout / "nnx_pool" / "__init__.py").write_text("# edited while pip ran\n")
+    return real_pip(env, args, on_line=on_line)
+
+  monkeypatch.setattr(rehearse, "_pip", edited_during_the_install)
+  rehearse.rehearse(["jax==0.9.2"], baseline="base")
+  monkeypatch.setattr(rehearse, "_pip", real_pip)
+  again = _Progress()
+  rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=again)
+  # The edit came after the copy that was installed: the environment must take it now.
+  assert _steps(again)[0] == ("reinstalling nnx-pool, changed since the environment was built "
+                              "(pip --no-deps)")
+  assert stand_in.log()[-2].startswith("-m pip install --no-deps --force-reinstall nnx-pool @ ")
+
+
+def test_rehearse_keeps_the_most_recently_used_environments(stand_in, monkeypatch):
+  monkeypatch.setenv("NNX_POOL_REHEARSE_KEEP", "2")
+  keys = []
+  for flax in ("0.12.4", "0.12.5", "0.12.6"):
+    report = rehearse.rehearse(["jax==0.9.2", f"flax=={flax}"], baseline="base")
+    keys.append(make_plan(["jax==0.9.2", f"flax=={flax}"], pins=PINS).key())
+  assert sorted(p.name for p in _cache().iterdir()) == sorted(keys[1:])
+  assert report.notes[-1] == ("rehearsal: removed 1 cached environment(s) used least recently, "
+                              "keeping 2 (NNX_POOL_REHEARSE_KEEP changes it)")
+
+
+def test_rehearse_clear_cache_empties_the_cache(stand_in, capsys):
+  rehearse.rehearse(["jax==0.9.2"], baseline="base")
+  capsys.readouterr()
+  assert cli.main(["rehearse", "--clear-cache"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith(f"removed 1 rehearsal environment(s) from {_cache()}, ")
+  assert out.endswith(" MB\n")
+  assert list(_cache().iterdir()) == []
+  assert cli.main(["rehearse", "--clear-cache"]) == 0
+  assert capsys.readouterr().out == f"no rehearsal environment to remove in {_cache()}\n"
+
+
+def test_rehearse_a_bad_keep_count_exits_2_before_building(stand_in, capsys, monkeypatch):
+  monkeypatch.setenv("NNX_POOL_REHEARSE_KEEP", "none")
+  assert cli.main(["rehearse", "jax==0.9.2"]) == 2
+  assert capsys.readouterr().err.startswith(
+      "error: rehearse: NNX_POOL_REHEARSE_KEEP must be how many rehearsal environments to keep")
+  assert _StandInBuilder.created == []
+
+
+def test_rehearse_a_second_rehearsal_waits_for_the_environment_in_use(stand_in):
+  plan = make_plan(["jax==0.9.2"], pins=PINS)
+  entry = _cache() / plan.key()
+  entry.mkdir(parents=True)
+  held = lock.exclusive(entry)
+  progress = _Progress()
+  threading.Timer(0.3, held.release).start()
+  report = rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=progress)
+  assert report.exit_code == 1
+  assert _steps(progress)[0] == "waiting for another rehearsal using this environment"
+  assert _steps(progress)[1] == "creating a virtual environment (python -m venv)"
+
+
 def test_rehearse_interrupted_while_building_leaves_no_environment(stand_in, monkeypatch):
   def interrupted(self, env):
     (Path(env) / "bin").mkdir(parents=True)  # half built
@@ -467,18 +743,22 @@ def test_rehearse_interrupted_while_building_leaves_no_environment(stand_in, mon
   monkeypatch.setattr(_StandInBuilder, "create", interrupted)
   with pytest.raises(KeyboardInterrupt):
     rehearse.rehearse(["jax==0.9.2"], baseline="base")
-  assert list((Path(os.environ["NNX_POOL_CACHE"]) / "rehearse").iterdir()) == []
+  assert list(_cache().iterdir()) == []
 
 
 def test_rehearse_no_cache_leaves_nothing_behind(stand_in):
   report = rehearse.rehearse(["jax==0.9.2"], baseline="base", cache=False)
   assert report.exit_code == 1
   assert "; a throwaway environment, built in " in report.notes[-1]
-  assert not (Path(os.environ["NNX_POOL_CACHE"]) / "rehearse").exists()
+  assert not _cache().exists()
   assert not Path(_StandInBuilder.created[0]).exists()
 
 
-def test_rehearse_pytest_runs_comparing_only_and_folds_its_status(stand_in):
+def test_rehearse_pytest_runs_the_users_tests_in_their_directory(stand_in, monkeypatch,
+                                                                 tmp_path):
+  project = tmp_path / "project"
+  project.mkdir()
+  monkeypatch.chdir(project)
   stand_in.write("check_rc", "0")
   stand_in.write("report.json", json.dumps(_check_report(0)))
   stand_in.write("pytest_rc", "1")
@@ -487,11 +767,53 @@ def test_rehearse_pytest_runs_comparing_only_and_folds_its_status(stand_in):
   assert report.notes[-1] == ("rehearsal: pytest tests/x.py exited 1 (tests failed), "
                               "comparing only")
   log = stand_in.log()
-  assert log[-2] == "-P -m pytest -p no:cacheprovider tests/x.py"
+  # `python -c PYTEST_MAIN`, not `python -P -m pytest` (issue 21, item 13): their directory
+  # stays first on sys.path, so their own packages import.
+  assert log[-2] == f"pytest -p no:cacheprovider tests/x.py (in {project})"
   assert log[-1] == "check-only=1"
+  pytest_run = next(a for a in stand_in.started if a[1] == "-c")
+  assert pytest_run[1:3] == ["-c", rehearse.PYTEST_MAIN] and "-P" not in pytest_run
   stand_in.write("pytest_rc", "5")
   assert rehearse.rehearse(["jax==0.9.2"], baseline="base",
                            pytest_paths=["tests/x.py"]).exit_code == 2
+
+
+def test_rehearse_pytest_refuses_a_run_that_imported_another_nnx_pool(stand_in, capsys,
+                                                                      monkeypatch, tmp_path):
+  monkeypatch.chdir(tmp_path)
+  stand_in.write("check_rc", "0")
+  stand_in.write("report.json", json.dumps(_check_report(0)))
+  stand_in.write("foreign", str(tmp_path / "nnx_pool"))
+  assert cli.main(["rehearse", "jax==0.9.2", "--pytest", "tests"]) == 2
+  (entry,) = _cache().iterdir()
+  rehearsed = next((entry / "env" / "lib").glob("python*/site-packages")) / "nnx_pool"
+  assert capsys.readouterr().err == (
+      f"error: rehearse: pytest would import nnx_pool from {tmp_path / 'nnx_pool'}, not the "
+      f"rehearsed one ({rehearse.shown(rehearsed)}), so its results would not be the "
+      f"rehearsal's; a nnx_pool package in {tmp_path} (or a path your conftest adds) comes "
+      "first. Run rehearse --pytest from a directory without one.\n")
+
+
+def test_rehearse_resolve_reports_what_pip_chose(stand_in, monkeypatch):
+  pins = {**PINS, "chex": "0.1.92"}
+  monkeypatch.setattr(rehearse, "installed_pins", lambda: pins)
+  monkeypatch.setattr(rehearse, "installed_depends", lambda: DEPENDS)
+  site = stand_in.dir / "site"
+  site.mkdir()
+  for name, version in (("flax", "0.12.6"), ("optax", "0.2.8"), ("chex", "0.1.92"),
+                        ("jax", "0.9.2"), ("jaxlib", "0.9.2")):
+    _dist_info(site, name, version)  # what pip installed there
+  report = rehearse.rehearse(["jax==0.9.2"], baseline="base", resolve=True)
+  assert report.notes[-2].startswith(
+      "rehearsal: check ran in a separate environment with jax==0.9.2, everything else at "
+      "this environment's versions, or older where --resolve chose; environment ")
+  assert report.notes[-1] == (
+      "rehearsal: --resolve chose flax 0.12.6 (flax 0.12.8, this environment's, requires "
+      "jax>=0.10.0, which excludes jax 0.9.2)")
+  (entry,) = _cache().iterdir()
+  constraints = (entry / "env" / "rehearsal-constraints.txt").read_text().splitlines()
+  assert constraints == ["chex<=0.1.92", "flax<=0.12.8", "numpy==2.4.6", "optax<=0.2.8",
+                         "pytest==9.2.0"]
 
 
 def test_rehearse_check_without_a_report_exits_2(stand_in, capsys):
@@ -514,10 +836,67 @@ def test_rehearse_cli_prints_the_report_and_its_json(stand_in, capsys, tmp_path)
   assert REHEARSED_JAX in data["stamp_changes"]
 
 
-def test_rehearse_malformed_requirement_exits_2_before_building(stand_in, capsys):
-  assert cli.main(["rehearse", "jax 0.9.2"]) == 2
-  assert capsys.readouterr().err.startswith("error: rehearse: 'jax 0.9.2' is not a requirement")
-  assert _StandInBuilder.created == []
+@pytest.mark.parametrize("requirement", [
+    "jax 0.9.2", "jax==0.9.2 --config-settings=x=y", "jax ==0.9.2 optax",
+    "jax==0.9.2; --hash=sha256:0", "./wheels/jax-0.9.2-py3-none-any.whl"])
+def test_rehearse_malformed_requirement_exits_2_before_pip_runs(stand_in, capsys, requirement):
+  assert cli.main(["rehearse", "jaxlib==0.9.2", requirement]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: rehearse: {requirement!r} is ")
+  assert err.count("\n") == 1
+  assert _StandInBuilder.created == [] and stand_in.started == []
+
+
+# ------------------------------------------------- the user's tests, for real
+
+
+def _borrowing_venv(where: Path) -> Path:
+  """A virtual environment without pip whose interpreter imports this one's packages."""
+  venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(where)
+  (site,) = rehearse._site_packages(where)
+  borrowed = sysconfig.get_paths()["purelib"]  # jax, pytest, and nnx-pool (editable) here
+  (site / "borrowed.pth").write_text(f"import site; site.addsitedir({borrowed!r})\n")
+  return where
+
+
+def _project(root: Path, *, stray: bool = False) -> Path:
+  """A user's project: their package, and a test that imports it."""
+  (root / "mypkg").mkdir(parents=True)
+  (root / "mypkg" / "__init__.py").write_text("ANSWER = 42\n")
+  (root / "tests").mkdir()
+  (root / "tests" / "test_mine.py").write_text(
+      "import mypkg\n\n\ndef test_answer():\n  assert mypkg.ANSWER == 42\n")
+  if stray:
+    (root / "nnx_pool").mkdir()
+    (root / "nnx_pool" / "__init__.py").write_text("")
+  return root
+
+
+def test_rehearse_pytest_imports_the_users_own_package(monkeypatch, tmp_path):
+  env = _borrowing_venv(tmp_path / "env")
+  monkeypatch.chdir(_project(tmp_path / "project"))
+  rehearsed = Path(nnx_pool.__file__).parent
+  foreign = tmp_path / "foreign.txt"
+  monkeypatch.setenv("PYTEST_ADDOPTS", "-q")
+  code = rehearse._pytest(env, ["tests"], rehearsed=rehearsed, foreign=foreign)
+  assert code == 0 and not foreign.exists()
+  # The command it replaced: -P keeps the project off sys.path, and `import mypkg` fails.
+  old = subprocess.run([str(rehearse._python(env)), "-P", "-m", "pytest", "-p",
+                        "no:cacheprovider", "tests"], env=rehearse._environ(env),
+                       capture_output=True, text=True, check=False)
+  assert old.returncode == 2 and "No module named 'mypkg'" in old.stdout
+
+
+def test_rehearse_pytest_guard_refuses_a_stray_nnx_pool_before_pytest_starts(monkeypatch,
+                                                                             tmp_path):
+  env = _borrowing_venv(tmp_path / "env")
+  project = _project(tmp_path / "project", stray=True)
+  monkeypatch.chdir(project)
+  foreign = tmp_path / "foreign.txt"
+  code = rehearse._pytest(env, ["tests"], rehearsed=Path(nnx_pool.__file__).parent,
+                          foreign=foreign)
+  assert code == 4
+  assert foreign.read_text() == str(project / "nnx_pool")
 
 
 # ---------------------------------------------------------- the real rehearsal
