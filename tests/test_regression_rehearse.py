@@ -726,9 +726,15 @@ def test_rehearse_a_second_rehearsal_waits_for_the_environment_in_use(stand_in):
   plan = make_plan(["jax==0.9.2"], pins=PINS)
   entry = _cache() / plan.key()
   entry.mkdir(parents=True)
-  held = lock.exclusive(entry)
-  progress = _Progress()
-  threading.Timer(0.3, held.release).start()
+  held = lock.exclusive(entry)  # another rehearsal's, which ends once this one waits
+
+  class Releasing(_Progress):
+    def __call__(self, n, total, what):
+      super().__call__(n, total, what)
+      if what.startswith("waiting"):
+        threading.Timer(0.1, held.release).start()
+
+  progress = Releasing()
   report = rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=progress)
   assert report.exit_code == 1
   assert _steps(progress)[0] == "waiting for another rehearsal using this environment"
