@@ -90,9 +90,10 @@ def _scaled(x: jax.Array, scale: jax.Array) -> jax.Array:
 
 def _check_initializer(value, name: str) -> Initializer:
   if not callable(value):
+    example = "zeros_init()" if name == "bias_init" else "lecun_normal()"
     raise TypeError(
         f"`{name}` must be an initializer, a callable (key, shape, dtype) -> array such as "
-        f"nnx.initializers.lecun_normal(); got {value!r}.")
+        f"nnx.initializers.{example}; got {value!r}.")
   return value
 
 
