@@ -65,9 +65,14 @@ def _se_torch(torch, channels: int):
   w1, b1 = to_conv(se.fc1.kernel[...]), torch.from_numpy(np.array(se.fc1.bias[...]))
   w2, b2 = to_conv(se.fc2.kernel[...]), torch.from_numpy(np.array(se.fc2.bias[...]))
   conv = torch.nn.functional.conv2d
+  on = {}  # the weights on each device the input comes on (the GPU check runs on cuda)
+
   def se(x):
-    squeezed = torch.relu(conv(x.mean((2, 3), keepdim=True), w1, b1))
-    return x * torch.sigmoid(conv(squeezed, w2, b2))
+    if x.device not in on:
+      on[x.device] = [t.to(x.device) for t in (w1, b1, w2, b2)]
+    d1, e1, d2, e2 = on[x.device]
+    squeezed = torch.relu(conv(x.mean((2, 3), keepdim=True), d1, e1))
+    return x * torch.sigmoid(conv(squeezed, d2, e2))
 
   return se
 

@@ -5,8 +5,8 @@ Run on a machine with one GPU (``benchmarks/device_check.sh`` wraps it, with a
 ``--out``:
 
 * parity: each pooling module (and one squeeze-excitation gate), forward and
-  gradient, on JAX's default device, against PyTorch on ``--torch-device``
-  (``cuda`` when PyTorch sees one), once per kernel implementation
+  gradient, on JAX's default device, against PyTorch on the CPU (and PyTorch on
+  ``cuda``, when it sees one, recorded beside it), once per kernel implementation
   (``"taps"`` and ``"xla"``, see :mod:`nnx_pool._backend`): the largest absolute
   difference and whether it is within the tolerance (exact for max, min and
   unpooling; 1e-5 for averages, LP and the gate, whose sums may be ordered
@@ -85,27 +85,46 @@ def _loss(f):
   return lambda a: jnp.sum(f(a) ** 2)
 
 
+def _torch_run(torch, theirs, x: np.ndarray, device: str) -> tuple[np.ndarray, np.ndarray]:
+  """PyTorch's ``y`` and the gradient of ``sum(y**2)`` on ``device``, as NHWC arrays."""
+  xt = torch.tensor(np.moveaxis(x, -1, 1), device=device, requires_grad=True)
+  yt = theirs(xt)
+  (yt ** 2).sum().backward()
+  return _nhwc(yt), _nhwc(xt.grad)
+
+
+def _error(got, want) -> float:
+  return float(np.max(np.abs(np.asarray(got) - want)))
+
+
 def parity(torch, device: str, shape: Sequence[int]) -> list[dict]:
-  """Every case under both implementations: forward and gradient of ``sum(y**2)``."""
+  """Every case under both implementations: forward and gradient of ``sum(y**2)``.
+
+  Both sides compute in full float32: TF32 is off in PyTorch (cuDNN convolutions use
+  it by default) and JAX's matmuls run at "highest". The reference is PyTorch on
+  the CPU, which the suite checks bit for bit; PyTorch on ``device`` is recorded
+  beside it (``torch_device_grad_vs_cpu``), since it is not always the same.
+  """
+  torch.backends.cudnn.allow_tf32 = False
+  torch.backends.cuda.matmul.allow_tf32 = False
   rows = []
   rng = np.random.default_rng(0)
   base = rng.permutation(int(np.prod(shape))).reshape(shape).astype(np.float32) / 7.0
   for name, ours, theirs, tolerance, positive in _cases(torch):
     x = np.abs(base) + 1.0 if positive else base - base.mean()
-    xt = torch.tensor(np.moveaxis(x, -1, 1), device=device, requires_grad=True)
-    yt = theirs(xt)
-    (yt ** 2).sum().backward()
-    want_y, want_g = _nhwc(yt), _nhwc(xt.grad)
+    want_y, want_g = _torch_run(torch, theirs, x, "cpu")
+    device_y, device_g = _torch_run(torch, theirs, x, device)
     for implementation in nnx_pool._backend.IMPLEMENTATIONS:
-      with nnx_pool.use_implementation(implementation):
+      with nnx_pool.use_implementation(implementation), jax.default_matmul_precision("highest"):
         y = jax.jit(ours)(x)
         g = jax.jit(jax.grad(_loss(ours)))(x)
-      err_y = float(np.max(np.abs(np.asarray(y) - want_y)))
-      err_g = float(np.max(np.abs(np.asarray(g) - want_g)))
+      err_y, err_g = _error(y, want_y), _error(g, want_g)
       scale = max(1.0, float(np.max(np.abs(want_g))))
       rows.append({
           "module": name, "implementation": implementation, "tolerance": tolerance,
           "max_abs_err": err_y, "grad_max_abs_err": err_g,
+          "torch_device_vs_cpu": _error(device_y, want_y),
+          "torch_device_grad_vs_cpu": _error(device_g, want_g),
           "pass": err_y <= tolerance * max(1.0, float(np.max(np.abs(want_y))))
           and err_g <= tolerance * scale,
       })
