@@ -52,6 +52,7 @@ from nnx_pool._args import (
   check_num_spatial_dims,
   check_number,
   check_positive_int,
+  flax_names,
 )
 from nnx_pool._kernels import accumulation_dtype, extremum, spatial_mean, true_divide
 from nnx_pool._layout import check_nonempty_spatial, prepare, unbatch
@@ -334,6 +335,7 @@ class SqueezeExcitation(_Gate):
     rngs: random number streams for the initial parameters.
   """
 
+  @flax_names
   def __init__(
       self, in_features: int, squeeze_features: int | None = None, *,
       rd_ratio: float = 1 / 16, rd_divisor: int = 8,
@@ -415,6 +417,7 @@ class EffectiveSqueezeExcitation(_Gate):
     rngs: random number streams for the initial parameters.
   """
 
+  @flax_names
   def __init__(
       self, in_features: int, *, gate: Activation = jax.nn.hard_sigmoid,
       num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
@@ -505,6 +508,7 @@ class EfficientChannelAttention(_Gate):
     rngs: random number streams for the initial parameters.
   """
 
+  @flax_names
   def __init__(
       self, in_features: int | None = None, kernel_size: int | None = None, *,
       gamma: float = 2, beta: float = 1, gate: Activation = nnx.sigmoid,
@@ -616,6 +620,7 @@ class CBAM(_Gate):
     rngs: random number streams for the initial parameters.
   """
 
+  @flax_names
   def __init__(
       self, in_features: int, squeeze_features: int | None = None, *,
       rd_ratio: float = 1 / 16, rd_divisor: int = 1, spatial_kernel_size: int = 7,

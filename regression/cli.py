@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
             "file there is unchanged.", file=sys.stderr)
       return 2
     if not report.error:
-      print(f"(the HTML report, with heatmaps of the failing arrays, is in {html_path})")
+      print(html.closing_line(html_path))
   return report.exit_code
 
 
@@ -368,7 +368,7 @@ def _rehearse(args: argparse.Namespace) -> int:
   if not _write_json(report, args.json):
     return 2
   if args.html is not None and not report.error and Path(args.html).is_file():
-    print(f"(the HTML report, with heatmaps of the failing arrays, is in {args.html})")
+    print(html.closing_line(args.html))
   return report.exit_code
 
 

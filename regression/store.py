@@ -135,7 +135,11 @@ def arrays_name(manifest: Mapping[str, Any]) -> str:
 
 
 def _fsync_dir(path: Path) -> None:
-  fd = os.open(path, os.O_RDONLY)
+  """Makes a rename in ``path`` durable where the platform can (Windows cannot open a folder)."""
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return
   try:
     os.fsync(fd)
   except OSError:  # some file systems refuse to fsync a directory
@@ -266,9 +270,30 @@ def _fail(path: Path, reason: str) -> BaselineError:
   return BaselineError(" ".join(f"baseline {path}: {reason}".split()))
 
 
+# POSIX reads a baseline's files relative to one open directory, so that a directory
+# swapped in between cannot mix two baselines; Windows has no directory descriptors
+# (nor O_NONBLOCK, nor FIFOs) and reads them by path.
+_DIR_FD = hasattr(os, "O_DIRECTORY") and os.open in os.supports_dir_fd
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def _open_dir(path: Path) -> int | None:
+  """A descriptor of directory ``path`` where the platform has them, else None."""
+  if _DIR_FD:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+  if not path.exists():
+    raise FileNotFoundError(path)
+  if not path.is_dir():
+    raise NotADirectoryError(20, "Not a directory", str(path))
+  return None
+
+
 def _open(name: str, path: Path, dfd: int | None = None):
   """Opens regular file ``name`` (of directory ``dfd``) for reading; a FIFO never blocks it."""
-  fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK, dir_fd=dfd)
+  if dfd is None:
+    fd = os.open(path / name, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
+  else:
+    fd = os.open(name, os.O_RDONLY | _NONBLOCK, dir_fd=dfd)
   if not stat.S_ISREG(os.fstat(fd).st_mode):
     os.close(fd)
     raise _fail(path, f"{os.path.basename(name)} is not a regular file; remove it and {_FIX}.")
@@ -345,7 +370,7 @@ def read_baseline(path: str | os.PathLike) -> Baseline:
   """
   path = Path(path)
   try:
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    dfd = _open_dir(path)
   except FileNotFoundError:
     raise _fail(path, f"no such directory; record one with `record --out {path}`.") from None
   except OSError as e:  # not a directory, or not readable
@@ -367,4 +392,5 @@ def read_baseline(path: str | os.PathLike) -> Baseline:
   except OSError as e:
     raise _fail(path, f"cannot read it ({e.strerror}); check its permissions.") from None
   finally:
-    os.close(dfd)
+    if dfd is not None:
+      os.close(dfd)

@@ -75,6 +75,8 @@ _OUTPUT_FORMS = ("an int (repeated over `num_spatial_dims`, default 2) or a tupl
                  "entries, each a positive int or None (keep that dim)")
 _RANK_HINT = (" If it has no channel axis, add one: x[..., None]. For this shape set "
               "num_spatial_dims=1 (the default is 2; a tuple argument sets it by its length).")
+_GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
+          "CBAM")
 _AGREE = "give every tuple one entry per spatial dim, or an int for all of them."
 _TOO_SMALL = ("Output size is too small: spatial dim 0 of length 2 with window 3, dilation 1 "
               "(effective 3), stride 3 and padding (0, 0) gives 0 outputs. The window must fit "
@@ -391,6 +393,30 @@ ROWS = (
        "{M}: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it first, "
        "e.g. x.astype(jnp.float32)."),
     # -------------------------------------------------------------------- gates
+    _r(_T, _GATES, "timm's `channels`", "{M}(channels=8, rngs=rngs)", "TypeError",
+       "{M} takes `in_features` (Flax's name), not `channels` (timm's): write in_features=... "
+       "instead."),
+    _r(_T, ("SqueezeExcitation", "CBAM"), "timm's `act_layer`",
+       "{M}(8, act_layer=nnx.relu, rngs=rngs)", "TypeError",
+       "{M} takes `activation` (nnx-pool's name), not `act_layer` (timm's): write "
+       "activation=... instead."),
+    _r(_T, _GATES, "`kernel_init` not an initializer",
+       "{M}(8, kernel_init='lecun_normal', rngs=rngs)", "TypeError",
+       "`kernel_init` must be an initializer, a callable (key, shape, dtype) -> array such as "
+       "nnx.initializers.lecun_normal(); got 'lecun_normal'."),
+    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "CBAM"),
+       "`bias_init` not an initializer", "{M}(8, bias_init=None, rngs=rngs)", "TypeError",
+       "`bias_init` must be an initializer, a callable (key, shape, dtype) -> array such as "
+       "nnx.initializers.zeros_init(); got None."),
+    _r(_T, _GATES, "`precision` an unknown name", "{M}(8, precision='hihgest', rngs=rngs)",
+       "ValueError",
+       "`precision` must be None, a jax.lax.Precision, a name such as 'highest' or 'default', a "
+       "pair of those (both Precision or both names), a jax.lax.DotAlgorithmPreset or its name, "
+       "or a jax.lax.DotAlgorithm, as flax.nnx.Linear takes it; got 'hihgest'."),
+    _r(_T, "CBAM", "`use_running_average` not a bool",
+       "{M}(8, rngs=rngs)(x(1, 5, 5, 8), use_running_average='yes')", "TypeError",
+       "CBAM: `use_running_average` must be True, False or None (None: the module's mode, set "
+       "by .eval() and .train()); got 'yes'."),
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "CBAM"), "`in_features` below 1",
        "{M}(0, rngs=rngs)", "ValueError", "`in_features` must be a positive int; got 0."),
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "CBAM"), "`in_features` a float",

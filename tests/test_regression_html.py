@@ -281,3 +281,16 @@ def test_html_worst_slice_names_what_it_shows(shape, spatial, worst, index, text
   got, described = html.worst_slice("x", shape, spatial, worst)
   assert tuple(... if isinstance(i, slice) else i for i in got) == index
   assert described == text
+
+
+def test_check_html_of_a_passing_run_says_no_heatmaps(cases, tmp_path):
+  # Before, cli.py printed "with heatmaps of the failing arrays" whatever the page held.
+  tmp = tmp_path
+  out = io.StringIO()
+  fresh = tmp / "fresh"
+  assert commands.record(cases, fresh, reps=1).exit_code == 0
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    code = cli.main(["check", "--baseline", str(fresh), "--html", str(tmp / "pass.html")],
+                    batch=lambda: Batch(cases=cases))
+  assert code == 0
+  assert out.getvalue().rstrip().endswith(f"(the HTML report is in {tmp / 'pass.html'})")

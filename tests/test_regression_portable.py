@@ -234,3 +234,35 @@ def test_lock_on_windows_the_store_writes_a_baseline(tmp_path, windows_locking):
   store.write_baseline(out, {"kind": "x"}, {"a": np.arange(3)})
   np.testing.assert_array_equal(store.read_baseline(out).arrays["a"], [0, 1, 2])
   assert (tmp_path / lock.LOCK_FILE).is_file() and windows_locking[0] == (2, 1)
+
+
+@pytest.fixture
+def windows_os(monkeypatch, windows_locking):
+  """The os module as Windows has it: no directory descriptors, no O_NONBLOCK, and a
+  directory cannot be opened (os.open raises PermissionError, as on Windows)."""
+  real_open = os.open
+
+  def open_(path, flags, mode=0o777, *, dir_fd=None):
+    if dir_fd is not None:
+      raise NotImplementedError("dir_fd unavailable on this platform")
+    if os.path.isdir(path):
+      raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    return real_open(path, flags, mode)
+
+  monkeypatch.setattr(store, "_DIR_FD", False)
+  monkeypatch.setattr(store, "_NONBLOCK", 0)
+  monkeypatch.setattr(store.os, "open", open_)
+
+
+def test_store_writes_and_reads_a_baseline_with_windows_os(tmp_path, windows_os):
+  # Before: read_baseline opened the directory with O_DIRECTORY and dir_fd, and every
+  # atomic write fsynced the directory through os.open: both fail on Windows.
+  out = tmp_path / "base"
+  store.write_baseline(out, {"kind": "x"}, {"a": np.arange(3)})
+  np.testing.assert_array_equal(store.read_baseline(out).arrays["a"], [0, 1, 2])
+  store.write_atomic(tmp_path / "r.json", b"{}")
+  assert (tmp_path / "r.json").read_bytes() == b"{}"
+  with pytest.raises(store.BaselineError, match="no such directory; record one with"):
+    store.read_baseline(tmp_path / "missing")
+  with pytest.raises(store.BaselineError, match="cannot open it"):
+    store.read_baseline(tmp_path / "r.json")
