@@ -24,24 +24,24 @@ padding=((1, 1), (1, 1)))``, the PyTorch semantics are ``F.max_pool(x, 3, 2, 1)`
 Every difference between ``flax.nnx.{avg,max,min}_pool`` and these functions
 (flax 0.12.8; guide 6 runs each row):
 
-=========================  ====================================  ==========================================
-                           ``flax.nnx``                          ``nnx_pool.functional``
-=========================  ====================================  ==========================================
-``strides``                default 1 (None means 1)              required: pass ``1`` or the window
-``window_shape`` an int    TypeError (a tuple is required)       repeated over ``num_spatial_dims`` (2)
-``padding=1`` (an int)     TypeError                             both sides of every dim, as PyTorch
-``padding`` per dim        ``(low, high)`` pairs, any size       also ints; at most half the window
-``count_include_pad``      True: divide by ``prod(window)``      True: PyTorch's clipped window (the same
-                                                                 under ``"SAME"``); False: real cells
-bfloat16/float16 average   summed in the input dtype             summed in float32, rounded once
-window larger than input   an empty array                        ValueError naming the ways out
-``ceil_mode``,             not available                         as PyTorch
+========================  ==============================  ===================================
+what                      ``flax.nnx``                    ``nnx_pool.functional``
+========================  ==============================  ===================================
+``strides``               default 1 (None means 1)        required: pass ``1`` or the window
+``window_shape`` an int   TypeError (a tuple needed)      repeated over ``num_spatial_dims``
+``padding=1`` (an int)    TypeError                       both sides of every dim (PyTorch)
+``padding`` per dim       ``(low, high)``, any size       also ints; at most half the window
+``count_include_pad``     True: ``prod(window)``          True: PyTorch's clipped window (the
+                                                          same under ``"SAME"``)
+bf16/f16 average          summed in the input dtype       summed in float32, rounded once
+window over the input     an empty array                  ValueError naming the ways out
+``ceil_mode``,            not available                   as PyTorch
 ``dilation``,
 ``return_indices``
-max/min gradient on ties   where XLA's lowering puts it          the first extremum (PyTorch's rule)
-batch axes                 any number before the window          the same; a channels-first-looking
-                                                                 input warns (``ChannelsFirstWarning``)
-=========================  ====================================  ==========================================
+gradient on ties          where XLA's lowering puts it    the first extremum (PyTorch's)
+batch axes                any number before the window    the same; an NCHW-looking input
+                                                          warns (``ChannelsFirstWarning``)
+========================  ==============================  ===================================
 """
 
 from nnx_pool._adaptive import (

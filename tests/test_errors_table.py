@@ -265,8 +265,8 @@ ROWS = (
     _r(_W, SELECT, "a window made of padding only", "{M}(2, 1, 1, dilation=2)(x(1, 1, 1))",
        "ValueError",
        "{M}(window_shape=(2, 2), strides=(1, 1), padding=((1, 1), (1, 1)), dilation=(2, 2)) on "
-       "spatial shape (1, 1): Window 0 along spatial dim 0 covers only padding (length 1, window 2, dilation 2, "
-       "padding (1, 1)). Reduce the padding or dilation."),
+       "spatial shape (1, 1): Window 0 along spatial dim 0 covers only padding (length 1, "
+       "window 2, dilation 2, padding (1, 1)). Reduce the padding or dilation."),
     _r(_W, WINDOW, "a tuple that disagrees with `num_spatial_dims`",
        "{M}((3,), num_spatial_dims=2)", "ValueError",
        f"`window_shape` (3,) has 1 entries, but `num_spatial_dims=2` sets 2 spatial dim(s); "
