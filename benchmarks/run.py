@@ -161,16 +161,18 @@ def run_case(case: Case, rounds: int, warmup: int, bandwidth: float) -> dict:
   }
   row = {"case": case.name, "shape": list(case.shape), "out_shape": list(out_shape)}
   for pass_name, timers in (("forward", forward), ("backward", backward)):
-    medians = {t.name: _median_ms(t.samples) for t in timers}
-    best_peer = min(v for k, v in medians.items() if k != "ours")
     row[pass_name] = {
-        "median_ms": medians,
+        **summary({t.name: _median_ms(t.samples) for t in timers}, floors[pass_name]),
         "compile_s": {t.name: t.compile_s for t in timers if t.compile_s is not None},
-        "ratio_to_best_peer": medians["ours"] / best_peer,
-        "floor_ms": floors[pass_name],
-        "ratio_to_floor": medians["ours"] / floors[pass_name],
     }
   return row
+
+
+def summary(medians: dict[str, float], floor_ms: float) -> dict:
+  """One pass of a row: the medians, ours over the faster peer, ours over the memory floor."""
+  best_peer = min(v for k, v in medians.items() if k != "ours")
+  return {"median_ms": medians, "ratio_to_best_peer": medians["ours"] / best_peer,
+          "floor_ms": floor_ms, "ratio_to_floor": medians["ours"] / floor_ms}
 
 
 def environment() -> dict:
