@@ -54,8 +54,9 @@ from nnx_pool._args import (
   check_positive_int,
   flax_names,
 )
-from nnx_pool._kernels import accumulation_dtype, extremum, spatial_mean, true_divide
 from nnx_pool._layout import check_nonempty_spatial, prepare, unbatch
+from nnx_pool._numerics import accumulation_dtype, spatial_mean, true_divide
+from nnx_pool._select import extremum
 
 Activation = Callable[[jax.Array], jax.Array]
 Initializer = Callable[..., jax.Array]

@@ -64,19 +64,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from collections.abc import Iterator
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import PartitionSpec
 
 from nnx_pool._geometry import DimGeometry, Geometry
-
-Kind = Literal["max", "min"]
+from nnx_pool._jit import kernel
+from nnx_pool._numerics import accumulation_dtype, spatial_mean, true_divide  # noqa: F401
+from nnx_pool._select import Kind, arg_extremum, extremum, identity, replaces  # noqa: F401
 
 # Windows with more taps than this are decomposed one spatial dim at a time.
 UNROLL_LIMIT = 64
@@ -85,158 +83,6 @@ UNROLL_LIMIT = 64
 # jax 0.7 takes time exponential in the tap count to compile the per-tap spelling of a
 # strided, padded chain of selects (12 taps 0.5 s, 18 taps 8 s, 16 and 27 over 10 min).
 PER_TAP_PAD_LIMIT = 9
-
-
-def kernel(*, static_argnums: int | tuple[int, ...] = ()):
-  """``jax.jit`` with static geometry arguments, the body under a ``nnx_pool.<name>`` scope.
-
-  Every kernel takes a batched ``(N, *spatial, C)`` array first and returns
-  arrays laid out the same way; see :func:`_on_auto_axes` for inputs split
-  over ``Explicit`` mesh axes along a spatial dim.
-  """
-  static = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
-
-  def wrap(fn):
-    scope = f"nnx_pool.{fn.__name__}"
-
-    @functools.wraps(fn)
-    def scoped(*args):
-      dynamic = [i for i in range(len(args)) if i not in static]
-
-      def body(*arrays):
-        full = list(args)
-        for i, a in zip(dynamic, arrays, strict=True):
-          full[i] = a
-        return fn(*full)
-
-      with jax.named_scope(scope):
-        return _on_auto_axes(body, tuple(args[i] for i in dynamic))
-
-    return jax.jit(scoped, static_argnums=static_argnums)
-
-  return wrap
-
-
-def _explicit_spatial_spec(x) -> PartitionSpec | None:
-  """``x``'s partition spec when ``Explicit`` mesh axes split one of its spatial dims."""
-  typeof = getattr(jax, "typeof", None)
-  if typeof is None or not hasattr(jax.sharding, "auto_axes"):  # jax < 0.6
-    return None
-  spec = getattr(getattr(typeof(x), "sharding", None), "spec", None)
-  if spec is None or not any(spec[1:x.ndim - 1]):
-    return None
-  return PartitionSpec(*spec, *([None] * (x.ndim - len(spec))))
-
-
-def _on_auto_axes(body, arrays: tuple):
-  """``body(*arrays)``; on ``Auto`` axes if ``Explicit`` ones split the first array's map.
-
-  Explicit sharding types have no rule for a pad, strided slice or reshape of
-  a dim split over devices (``ShardingTypeError``), so the kernel runs under
-  ``jax.sharding.auto_axes``, where the compiler partitions it (halo exchanges
-  for the windows), and each output keeps the input's spec on every dim that
-  the mesh axes still divide (a dim pooled to 1 cell is replicated).
-  """
-  spec = _explicit_spatial_spec(arrays[0])
-  if spec is None:
-    return body(*arrays)
-  mesh = jax.typeof(arrays[0]).sharding.mesh
-
-  def out_spec(out) -> PartitionSpec:
-    entries = []
-    for size, entry in zip(out.shape, spec, strict=True):
-      axes = entry if isinstance(entry, tuple) else (entry,) if entry else ()
-      shards = math.prod(mesh.shape[a] for a in axes)
-      entries.append(entry if axes and size % shards == 0 else None)
-    return PartitionSpec(*entries)
-
-  shapes = jax.eval_shape(body, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays))
-  with jax.sharding.use_abstract_mesh(mesh):
-    return jax.sharding.auto_axes(body, out_sharding=jax.tree.map(out_spec, shapes))(*arrays)
-
-
-def accumulation_dtype(dtype) -> jnp.dtype:
-  """float32 for float16/bfloat16 (sums accumulate in float32), else ``dtype`` itself."""
-  dtype = jnp.dtype(dtype)
-  if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
-    return jnp.dtype(jnp.float32)
-  return dtype
-
-
-def true_divide(total: jax.Array, divisor) -> jax.Array:
-  """``total / divisor``, correctly rounded, for a static ``divisor`` broadcastable to ``total``.
-
-  XLA CPU rewrites ``x / broadcast(d)`` into ``x * broadcast(1 / d)``, even for a
-  runtime scalar (jaxlib 0.10; 0.7 still divided): one ULP away from PyTorch's
-  division for some sums. A divisor materialised at the full shape behind an
-  optimisation barrier keeps a true division, and a barrier on the quotient
-  stops XLA merging ``a / b / c`` into ``a / (b * c)`` (PyTorch rounds twice).
-  Measured on the benchmark shapes: no cost beyond run-to-run noise.
-  """
-  full = jnp.broadcast_to(jnp.asarray(divisor, total.dtype), total.shape)
-  return lax.optimization_barrier(total / lax.optimization_barrier(full))
-
-
-def identity(dtype, kind: Kind):
-  """The padding value of a max (min) pool: the dtype's lowest (highest) value.
-
-  -inf (+inf) for floats that hold it. Floats without infinities (float8
-  ``e4m3fn``, the ``fnuz`` family, ``e8m0fnu``, ``float4_e2m1fn``) cast inf to NaN,
-  which would win every padded window: they get their finite extreme, as integers
-  do. A real cell equal to it ties with the padding and keeps its index, since the
-  scan starts at the window's first real cell.
-  """
-  dtype = jnp.dtype(dtype)
-  if jnp.issubdtype(dtype, jnp.floating):
-    if np.isinf(np.array(np.inf).astype(dtype)):
-      return -np.inf if kind == "max" else np.inf
-    info = jnp.finfo(dtype)
-  else:
-    info = jnp.iinfo(dtype)
-  return info.min if kind == "max" else info.max
-
-
-def replaces(candidate: jax.Array, best: jax.Array, kind: Kind) -> jax.Array:
-  """PyTorch's scan rule: ``candidate`` replaces the running ``best`` when better or NaN.
-
-  Strictly better (``>`` for max, ``<`` for min), so ties keep the first; any NaN
-  replaces, so NaN propagates and the last NaN wins.
-  """
-  better = (lax.gt if kind == "max" else lax.lt)(candidate, best)
-  if jnp.issubdtype(candidate.dtype, jnp.floating):
-    better = better | jnp.isnan(candidate)
-  return better
-
-
-def extremum(x: jax.Array, axis, kind: Kind, *, keepdims: bool = False) -> jax.Array:
-  """``jnp.max`` (``jnp.min``) over ``axis`` with NaN propagated; ties share the gradient.
-
-  NaN is propagated explicitly: on CPU, jaxlib 0.10.2 lowers some float
-  ``reduce_max`` calls to a YNNPACK fusion that drops NaN (even returning -inf).
-  """
-  best = (jnp.max if kind == "max" else jnp.min)(x, axis=axis, keepdims=keepdims)
-  if jnp.issubdtype(x.dtype, jnp.floating):
-    best = jnp.where(jnp.any(jnp.isnan(x), axis=axis, keepdims=keepdims),
-                     jnp.asarray(jnp.nan, best.dtype), best)
-  return best
-
-
-def arg_extremum(x: jax.Array, axis: int, kind: Kind) -> tuple[jax.Array, jax.Array]:
-  """:func:`replaces` as a reduction over ``axis``: the extremum and its slot (int32).
-
-  The slot is the first extremum along ``axis``, or the last NaN when there is
-  one, as the scan would leave it; plain min/max reductions, which fuse, not a
-  scan or an argmax.
-  """
-  k = x.shape[axis]
-  slot = lax.broadcasted_iota(jnp.int32, x.shape, axis)
-  best = extremum(x, axis, kind)
-  winner = jnp.min(jnp.where(x == jnp.expand_dims(best, axis), slot, k), axis=axis)
-  if jnp.issubdtype(x.dtype, jnp.floating):
-    nan = jnp.isnan(x)
-    winner = jnp.where(jnp.any(nan, axis=axis), jnp.max(jnp.where(nan, slot, -1), axis=axis),
-                       winner)
-  return best, winner
 
 
 def _tap_phases(d: DimGeometry) -> list[tuple[int, int, int]]:
@@ -808,17 +654,3 @@ def flat_indices(arg: jax.Array, geom: Geometry) -> jax.Array:
     flat = flat + coord * plane_stride
     plane_stride *= d.length
   return flat
-
-
-@kernel()
-def spatial_mean(x: jax.Array) -> jax.Array:
-  """Mean over every spatial axis of a batched ``x``, kept as size-1 axes.
-
-  The sum accumulates in float32 for float16/bfloat16 and the result is cast
-  back; the division by the cell count is correctly rounded (PyTorch's
-  ``x.mean((2, 3))`` and ``adaptive_avg_pool2d(x, 1)``).
-  """
-  axes = tuple(range(1, x.ndim - 1))
-  total = jnp.sum(x, axis=axes, keepdims=True, dtype=accumulation_dtype(x.dtype))
-  count = np.prod(x.shape[1:-1], dtype=np.int64)
-  return true_divide(total, count).astype(x.dtype)
