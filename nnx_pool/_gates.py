@@ -57,6 +57,7 @@ from nnx_pool._args import (
 from nnx_pool._layout import check_nonempty_spatial, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype, spatial_mean, true_divide
 from nnx_pool._select import extremum
+from nnx_pool._torch_state import TORCH_KEYS, load
 
 Activation = Callable[[jax.Array], jax.Array]
 Initializer = Callable[..., jax.Array]
@@ -81,7 +82,7 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
 
 
 # ----------------------------------------------------------------------------
-# Argument checks and state-dict reading.
+# Argument checks.
 # ----------------------------------------------------------------------------
 
 
@@ -135,60 +136,6 @@ def _layer_options(dtype, param_dtype, precision, kernel_init, rngs) -> dict:
               kernel_init=_check_initializer(kernel_init, "kernel_init"), rngs=rngs)
 
 
-def _to_numpy(value) -> np.ndarray:
-  """A torch tensor (without importing torch) or array-like as a NumPy array."""
-  if hasattr(value, "detach"):
-    value = value.detach().cpu()
-    if hasattr(value, "float") and str(getattr(value, "dtype", "")) == "torch.bfloat16":
-      value = value.float()
-  return np.asarray(value)
-
-
-def _read_state(
-    state_dict: Mapping, layouts: list[tuple[set[str], set[str]]], module: str
-) -> dict[str, np.ndarray]:
-  """Returns the state as NumPy arrays if its keys fit one of ``layouts``.
-
-  Each layout is ``(required keys, optional keys)``. Raises ValueError naming
-  the layouts accepted and the keys received.
-  """
-  if not isinstance(state_dict, Mapping):
-    raise TypeError(f"{module}.from_torch: `state_dict` must be a mapping; got {type(state_dict)}.")
-  keys = set(state_dict)
-  for required, optional in layouts:
-    if required <= keys <= required | optional:
-      return {k: _to_numpy(v) for k, v in state_dict.items()}
-  def describe(required, optional):
-    text = ", ".join(sorted(required))
-    return text + (f" (optional: {', '.join(sorted(optional))})" if optional else "")
-
-  accepted = "; ".join(describe(*layout) for layout in layouts)
-  raise ValueError(
-      f"{module}.from_torch: unexpected state-dict keys. Expected one of: {accepted}. "
-      f"Received: {', '.join(sorted(map(str, keys))) or 'no keys'}. Strip any parent prefix "
-      "first, e.g. {k.removeprefix('se.'): v for k, v in sd.items() if k.startswith('se.')}."
-  )
-
-
-def _matrix(w: np.ndarray, name: str, module: str) -> np.ndarray:
-  """A 1x1 convolution (out, in, 1, 1) or linear (out, in) weight as an (in, out) kernel."""
-  if w.ndim < 2 or any(s != 1 for s in w.shape[2:]):
-    raise ValueError(
-        f"{module}.from_torch: `{name}` must be a 1x1 convolution weight (out, in, 1, 1) or "
-        f"a linear weight (out, in); got shape {w.shape}."
-    )
-  return w.reshape(w.shape[:2]).T
-
-
-def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -> None:
-  given = sorted(set(options) & set(inferred))
-  if given:
-    raise TypeError(
-        f"{module}.from_torch: do not pass {', '.join(given)}; sizes come from the weights "
-        "and no initialiser runs."
-    )
-
-
 def _squeeze_width(in_features: int, squeeze_features, rd_ratio, rd_divisor) -> int:
   """The hidden width: given, or timm's ``make_divisible(C * rd_ratio, rd_divisor, 0)``.
 
@@ -201,42 +148,8 @@ def _squeeze_width(in_features: int, squeeze_features, rd_ratio, rd_divisor) -> 
   return check_positive_int(squeeze_features, "squeeze_features")
 
 
-def _mlp_kernels(state: Mapping, reduce: str, expand: str, module: str):
-  """The ``(in, out)`` kernels of the reduce and expand maps, and whether they have biases."""
-  k1 = _matrix(state[f"{reduce}.weight"], f"{reduce}.weight", module)
-  k2 = _matrix(state[f"{expand}.weight"], f"{expand}.weight", module)
-  return k1, k2, f"{reduce}.bias" in state
-
-
-def _abstract(cls, *args, **kwargs):
-  """``cls(*args, **kwargs)`` with shape-only parameters: no initialiser runs."""
-  return nnx.eval_shape(lambda: cls(*args, rngs=nnx.Rngs(0), **kwargs))
-
-
-def _assign(variable: nnx.Variable, value: np.ndarray, name: str, module: str) -> None:
-  # flax >= 0.12 spells it get_value/set_value (and deprecates .value); 0.11 has .value only.
-  modern = hasattr(variable, "set_value")
-  spec = variable.get_value() if modern else variable.value
-  if tuple(spec.shape) != tuple(value.shape):
-    raise ValueError(
-        f"{module}.from_torch: `{name}` has shape {value.shape}; expected {tuple(spec.shape)}."
-    )
-  array = jnp.asarray(value, spec.dtype)
-  if modern:
-    variable.set_value(array)
-  else:
-    variable.value = array
-
-
-def _check_loaded(gate: nnx.Module) -> nnx.Module:
-  """Refuses a module built by ``from_torch`` with a parameter left unassigned."""
-  if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(nnx.state(gate))):
-    raise RuntimeError(f"{type(gate).__name__}.from_torch left a parameter unassigned.")
-  return gate
-
-
 class _Gate(nnx.Module):
-  """Shared plumbing: argument checks, the reduce/expand maps, batching and weight loading."""
+  """Shared plumbing: argument checks, the reduce/expand maps and batching."""
 
   def _init_width(self, in_features, squeeze_features, rd_ratio, rd_divisor) -> None:
     """Checks and stores ``in_features`` and the hidden width of the reduce/expand maps."""
@@ -262,26 +175,6 @@ class _Gate(nnx.Module):
                           bias_init=bias_init, **layer)
     self.fc2 = nnx.Linear(self.squeeze_features, self.in_features, use_bias=use_bias,
                           bias_init=bias_init, **layer)
-
-  @classmethod
-  def _torch_state(cls, state_dict: Mapping, options: Mapping, inferred: tuple[str, ...],
-                   layouts: list[tuple[set[str], set[str]]]) -> tuple[dict[str, np.ndarray], str]:
-    """``from_torch``'s first step: refuses ``inferred`` options, reads the state dict.
-
-    Returns the state as NumPy arrays and the module name for messages.
-    """
-    module = cls.__name__
-    _refuse_inferred(options, (*inferred, "rngs"), module)
-    return _read_state(state_dict, layouts, module), module
-
-  def _load_mlp(self, state: Mapping, kernels, reduce: str, expand: str, module: str) -> None:
-    """Assigns ``fc1``/``fc2`` from :func:`_mlp_kernels` and the ``{reduce,expand}.bias``."""
-    k1, k2, use_bias = kernels
-    _assign(self.fc1.kernel, k1, f"{reduce}.weight", module)
-    _assign(self.fc2.kernel, k2, f"{expand}.weight (transposed)", module)
-    if use_bias:
-      for fc, name in ((self.fc1, reduce), (self.fc2, expand)):
-        _assign(fc.bias, state[f"{name}.bias"], f"{name}.bias", module)
 
   def _prepare(self, inputs) -> tuple[jax.Array, tuple[int, ...]]:
     """``(N, *spatial, C)`` and the batch shape that :func:`unbatch` restores."""
@@ -372,18 +265,7 @@ class SqueezeExcitation(_Gate):
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``activation``, ``gate``, ``dtype``...).
     """
-    layouts = []
-    for reduce, expand in (("fc1", "fc2"), ("conv_reduce", "conv_expand")):
-      weights = {f"{reduce}.weight", f"{expand}.weight"}
-      layouts += [(weights, set()), (weights | {f"{reduce}.bias", f"{expand}.bias"}, set())]
-    state, module = cls._torch_state(
-        state_dict, options, ("in_features", "squeeze_features", "use_bias"), layouts)
-    reduce, expand = ("fc1", "fc2") if "fc1.weight" in state else ("conv_reduce", "conv_expand")
-    kernels = _mlp_kernels(state, reduce, expand, module)
-    k1, _, use_bias = kernels
-    se = _abstract(cls, k1.shape[0], k1.shape[1], use_bias=use_bias, **options)
-    se._load_mlp(state, kernels, reduce, expand, module)
-    return _check_loaded(se)
+    return load(cls, TORCH_KEYS["SqueezeExcitation"], state_dict, options)
 
 
 class EffectiveSqueezeExcitation(_Gate):
@@ -447,15 +329,7 @@ class EffectiveSqueezeExcitation(_Gate):
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``gate``, ``dtype``...).
     """
-    state, module = cls._torch_state(
-        state_dict, options, ("in_features",), [({"fc.weight", "fc.bias"}, set())])
-    kernel = _matrix(state["fc.weight"], "fc.weight", module)
-    if kernel.shape[0] != kernel.shape[1]:
-      raise ValueError(f"{module}.from_torch: `fc.weight` must be C-to-C; got {kernel.T.shape}.")
-    ese = _abstract(cls, kernel.shape[0], **options)
-    _assign(ese.fc.kernel, kernel, "fc.weight (transposed)", module)
-    _assign(ese.fc.bias, state["fc.bias"], "fc.bias", module)
-    return _check_loaded(ese)
+    return load(cls, TORCH_KEYS["EffectiveSqueezeExcitation"], state_dict, options)
 
 
 def eca_kernel_size(in_features: int, gamma: float = 2, beta: float = 1) -> int:
@@ -555,17 +429,7 @@ class EfficientChannelAttention(_Gate):
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``in_features``, ``gate``, ``dtype``...).
     """
-    state, module = cls._torch_state(
-        state_dict, options, ("kernel_size",), [({"conv.weight"}, set())])
-    w = state["conv.weight"]
-    if w.ndim != 3 or w.shape[:2] != (1, 1):
-      raise ValueError(
-          f"{module}.from_torch: `conv.weight` must be a Conv1d(1, 1, k) weight of shape "
-          f"(1, 1, k); got {w.shape}. (timm's use_mlp=True variant is not supported.)"
-      )
-    eca = _abstract(cls, options.pop("in_features", None), w.shape[2], **options)
-    _assign(eca.conv.kernel, w.reshape(-1, 1, 1), "conv.weight", module)
-    return _check_loaded(eca)
+    return load(cls, TORCH_KEYS["EfficientChannelAttention"], state_dict, options)
 
 
 class CBAM(_Gate):
@@ -695,32 +559,4 @@ class CBAM(_Gate):
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
       **options: other constructor arguments (``activation``, ``gate``, ``dtype``...).
     """
-    norm = {f"spatial.conv.bn.{k}" for k in ("weight", "bias", "running_mean", "running_var")}
-    required = {"channel.fc1.weight", "channel.fc2.weight", "spatial.conv.conv.weight"} | norm
-    optional = {"spatial.conv.bn.num_batches_tracked"}
-    state, module = cls._torch_state(
-        state_dict, options,
-        ("in_features", "squeeze_features", "use_bias", "spatial_kernel_size", "num_spatial_dims"),
-        [(required, optional), (required | {"channel.fc1.bias", "channel.fc2.bias"}, optional)],
-    )
-    kernels = _mlp_kernels(state, "channel.fc1", "channel.fc2", module)
-    k1, _, use_bias = kernels
-    conv = state["spatial.conv.conv.weight"]
-    if not (3 <= conv.ndim <= 5 and conv.shape[:2] == (1, 2)):
-      raise ValueError(
-          f"{module}.from_torch: `spatial.conv.conv.weight` must have shape (1, 2, k, ...) "
-          f"with 1 to 3 spatial dims; got {conv.shape}."
-      )
-    cbam = _abstract(
-        cls, k1.shape[0], k1.shape[1], spatial_kernel_size=conv.shape[2], use_bias=use_bias,
-        num_spatial_dims=conv.ndim - 2, **options,
-    )
-    cbam._load_mlp(state, kernels, "channel.fc1", "channel.fc2", module)
-    # (out, in, *k) -> (*k, in, out)
-    _assign(cbam.spatial_conv.kernel, np.moveaxis(conv, (0, 1), (-1, -2)),
-            "spatial.conv.conv.weight", module)
-    bn = cbam.spatial_norm
-    for name, variable in (("weight", bn.scale), ("bias", bn.bias), ("running_mean", bn.mean),
-                           ("running_var", bn.var)):
-      _assign(variable, state[f"spatial.conv.bn.{name}"], f"spatial.conv.bn.{name}", module)
-    return _check_loaded(cbam)
+    return load(cls, TORCH_KEYS["CBAM"], state_dict, options)

@@ -1,0 +1,357 @@
+"""PyTorch state dicts into NNX modules: a table of accepted key sets, and the shared conversions.
+
+Every ``from_torch`` is one call, ``load(cls, TORCH_KEYS[name], state_dict,
+options)``. An entry of :data:`TORCH_KEYS` (a :class:`Loader`) says three things:
+
+* ``inferred``: the constructor arguments that the weights decide (passing one
+  as an option is a TypeError, and so is ``rngs``: no initialiser runs);
+* ``key_sets``: the key sets a peer's ``state_dict()`` may have, each a tuple of
+  :class:`Row`; the state dict must hold every key of one set and nothing else;
+* ``sizes``: the constructor arguments, read from the converted weights by
+  their NNX path (``{"fc1.kernel": (in, hidden), ...}``), whichever key set matched.
+
+A row names one state-dict key, the NNX variable it becomes (a dotted attribute
+path) and the :class:`Conversion` between them:
+
+* :data:`AS_IS`: biases, normalisation statistics, position embeddings;
+* :func:`linear_weight`: a Linear ``(out, in)`` or 1x1 convolution
+  ``(out, in, 1, ...)`` weight to an NNX ``(in, out)`` kernel;
+* :func:`conv_weight`: a convolution weight ``(out, in, *k)`` to an NNX
+  ``(*k, in, out)`` kernel (ECA's Conv1d ``(1, 1, k)`` becomes ``(k, 1, 1)``).
+
+A row whose target is a tuple splits the converted value into that many equal
+parts along its last axis (a fused ``qkv`` projection into ``q``, ``k`` and
+``v``); a row without a target is a key that may be present and is ignored
+(BatchNorm's ``num_batches_tracked``). :func:`linear`, :func:`batch_norm` and
+:func:`layer_norm` write the rows of a whole PyTorch layer.
+
+Loading reads the state dict as NumPy arrays (torch tensors too; torch is not
+imported), or raises one ValueError listing every accepted key set and the keys
+received; converts each row in order, checking its shape; builds the module from
+shapes only (``nnx.eval_shape``) with ``sizes`` and the options; and assigns each
+value, checking its shape against the module's variable. Every error names the
+module and the key.
+
+A new module's loader is a few rows. CLIP's attention pooling head, for an NNX
+module with ``q``, ``k``, ``v`` and ``out`` :class:`flax.nnx.Linear` layers and a
+``pos_embed`` parameter, from open_clip's ``AttentionPool2d`` or timm's fused
+``qkv``::
+
+  "AttentionPool": Loader(
+      inferred=("in_features", "out_features"),
+      key_sets=(
+          (*linear("q_proj", "q"), *linear("k_proj", "k"), *linear("v_proj", "v"),
+           *linear("c_proj", "out"), Row("positional_embedding", "pos_embed")),
+          (Row("qkv.weight", ("q.kernel", "k.kernel", "v.kernel"), linear_weight()),
+           Row("qkv.bias", ("q.bias", "k.bias", "v.bias")),
+           *linear("proj", "out"), Row("pos_embed", "pos_embed")),
+      ),
+      sizes=lambda p: dict(in_features=p["q.kernel"].shape[0],
+                           out_features=p["out.kernel"].shape[1]),
+  ),
+
+The conversions on their own:
+
+>>> import numpy as np
+>>> conv_weight()(np.zeros((8, 3, 5, 7)), "conv.weight", "Example").shape  # (*k, in, out)
+(5, 7, 3, 8)
+>>> linear_weight()(np.zeros((8, 3, 1, 1)), "fc.weight", "Example").shape  # (in, out)
+(3, 8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# A shape requirement: the text of the error ("must be ...; got ...") when it is not met, else None.
+Requirement = Callable[[tuple[int, ...]], str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+  """A PyTorch tensor to an NNX value: ``requires`` checked in order, then ``convert``.
+
+  ``note`` follows the key in a shape-mismatch error, which shows the converted
+  shape (" (transposed)").
+  """
+
+  convert: Callable[[np.ndarray], np.ndarray]
+  requires: tuple[Requirement, ...] = ()
+  note: str = ""
+
+  def __call__(self, value: np.ndarray, key: str, module: str) -> np.ndarray:
+    for requirement in self.requires:
+      problem = requirement(value.shape)
+      if problem:
+        raise ValueError(f"{module}.from_torch: `{key}` {problem}")
+    return self.convert(value)
+
+
+AS_IS = Conversion(lambda value: value)
+
+
+def _linear_shape(shape: tuple[int, ...]) -> str | None:
+  if len(shape) < 2 or any(s != 1 for s in shape[2:]):
+    return ("must be a 1x1 convolution weight (out, in, 1, 1) or a linear weight (out, in); "
+            f"got shape {shape}.")
+  return None
+
+
+def _conv_shape(shape: tuple[int, ...]) -> str | None:
+  if len(shape) < 3:
+    return f"must be a convolution weight (out, in, *kernel); got shape {shape}."
+  return None
+
+
+def linear_weight(*also: Requirement) -> Conversion:
+  """A Linear ``(out, in)`` or 1x1 conv ``(out, in, 1, ...)`` weight as an ``(in, out)`` kernel.
+
+  ``also``: requirements checked after that one (e.g. a square weight).
+  """
+  return Conversion(lambda w: w.reshape(w.shape[:2]).T, (_linear_shape, *also), " (transposed)")
+
+
+def conv_weight(shape: Requirement = _conv_shape) -> Conversion:
+  """A convolution weight ``(out, in, *k)`` as an NNX kernel ``(*k, in, out)``.
+
+  ``shape``: the weight's whole requirement (default: any ``(out, in, *k)``); a
+  module that takes only some convolutions states its own.
+  """
+  return Conversion(lambda w: np.moveaxis(w, (0, 1), (-1, -2)), (shape,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One state-dict key, the NNX variable(s) it becomes, and how.
+
+  ``target``: a dotted attribute path (``"fc1.kernel"``); a tuple of paths splits
+  the converted value into equal parts along its last axis; None accepts the key
+  and ignores it.
+  """
+
+  key: str
+  target: str | tuple[str, ...] | None
+  convert: Conversion = AS_IS
+
+
+@dataclasses.dataclass(frozen=True)
+class Loader:
+  """How one module reads a PyTorch state dict (see the module docstring)."""
+
+  inferred: tuple[str, ...]
+  key_sets: tuple[tuple[Row, ...], ...]
+  sizes: Callable[[Mapping[str, np.ndarray]], dict]
+
+
+def linear(key: str, target: str, *, bias: bool = True,
+           weight: Conversion | None = None) -> tuple[Row, ...]:
+  """The rows of a PyTorch Linear (or 1x1 Conv) ``key`` into an :class:`flax.nnx.Linear`."""
+  rows = (Row(f"{key}.weight", f"{target}.kernel", weight or linear_weight()),)
+  return rows + ((Row(f"{key}.bias", f"{target}.bias"),) if bias else ())
+
+
+def batch_norm(key: str, target: str) -> tuple[Row, ...]:
+  """A PyTorch BatchNorm into an :class:`flax.nnx.BatchNorm`; ``num_batches_tracked`` ignored."""
+  names = (("weight", "scale"), ("bias", "bias"), ("running_mean", "mean"), ("running_var", "var"))
+  return (*(Row(f"{key}.{torch_name}", f"{target}.{nnx_name}") for torch_name, nnx_name in names),
+          Row(f"{key}.num_batches_tracked", None))
+
+
+def layer_norm(key: str, target: str) -> tuple[Row, ...]:
+  """A PyTorch LayerNorm (``weight``, ``bias``) into an :class:`flax.nnx.LayerNorm`."""
+  return Row(f"{key}.weight", f"{target}.scale"), Row(f"{key}.bias", f"{target}.bias")
+
+
+# ----------------------------------------------------------------------------
+# The table.
+# ----------------------------------------------------------------------------
+
+
+def _mlp(reduce: str, expand: str, *, bias: bool) -> tuple[Row, ...]:
+  """A gate's reduce and expand maps into ``fc1`` and ``fc2``: both weights, then both biases."""
+  rows = (Row(f"{reduce}.weight", "fc1.kernel", linear_weight()),
+          Row(f"{expand}.weight", "fc2.kernel", linear_weight()))
+  return rows + ((Row(f"{reduce}.bias", "fc1.bias"), Row(f"{expand}.bias", "fc2.bias"))
+                 if bias else ())
+
+
+def _mlp_sizes(p: Mapping[str, np.ndarray]) -> dict:
+  return dict(in_features=p["fc1.kernel"].shape[0], squeeze_features=p["fc1.kernel"].shape[1],
+              use_bias="fc1.bias" in p)
+
+
+def _square(shape: tuple[int, ...]) -> str | None:
+  return None if shape[0] == shape[1] else f"must be C-to-C; got {shape[:2]}."
+
+
+def _eca_conv(shape: tuple[int, ...]) -> str | None:
+  if len(shape) != 3 or shape[:2] != (1, 1):
+    return (f"must be a Conv1d(1, 1, k) weight of shape (1, 1, k); got {shape}. "
+            "(timm's use_mlp=True variant is not supported.)")
+  return None
+
+
+def _cbam_conv(shape: tuple[int, ...]) -> str | None:
+  if not (3 <= len(shape) <= 5 and shape[:2] == (1, 2)):
+    return f"must have shape (1, 2, k, ...) with 1 to 3 spatial dims; got {shape}."
+  return None
+
+
+def _cbam_rows(bias: bool) -> tuple[Row, ...]:
+  return (*_mlp("channel.fc1", "channel.fc2", bias=bias),
+          Row("spatial.conv.conv.weight", "spatial_conv.kernel", conv_weight(_cbam_conv)),
+          *batch_norm("spatial.conv.bn", "spatial_norm"))
+
+
+TORCH_KEYS: dict[str, Loader] = {
+    # torchvision SqueezeExcitation, timm SEModule (fc1/fc2), timm EfficientNet SqueezeExcite
+    # (conv_reduce/conv_expand), with or without biases.
+    "SqueezeExcitation": Loader(
+        inferred=("in_features", "squeeze_features", "use_bias"),
+        key_sets=tuple(_mlp(reduce, expand, bias=bias)
+                       for reduce, expand in (("fc1", "fc2"), ("conv_reduce", "conv_expand"))
+                       for bias in (False, True)),
+        sizes=_mlp_sizes,
+    ),
+    # timm EffectiveSEModule.
+    "EffectiveSqueezeExcitation": Loader(
+        inferred=("in_features",),
+        key_sets=(linear("fc", "fc", weight=linear_weight(_square)),),
+        sizes=lambda p: dict(in_features=p["fc.kernel"].shape[0]),
+    ),
+    # timm EcaModule (use_mlp=False).
+    "EfficientChannelAttention": Loader(
+        inferred=("kernel_size",),
+        key_sets=((Row("conv.weight", "conv.kernel", conv_weight(_eca_conv)),),),
+        sizes=lambda p: dict(kernel_size=p["conv.kernel"].shape[0]),
+    ),
+    # timm CbamModule: ChannelAttn (mlp_bias False or True) and SpatialAttn's ConvNormAct.
+    "CBAM": Loader(
+        inferred=("in_features", "squeeze_features", "use_bias", "spatial_kernel_size",
+                  "num_spatial_dims"),
+        key_sets=(_cbam_rows(bias=False), _cbam_rows(bias=True)),
+        sizes=lambda p: dict(_mlp_sizes(p), spatial_kernel_size=p["spatial_conv.kernel"].shape[0],
+                             num_spatial_dims=p["spatial_conv.kernel"].ndim - 2),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------
+# Loading.
+# ----------------------------------------------------------------------------
+
+
+def load(cls: type, loader: Loader, state_dict: Mapping, options: Mapping) -> nnx.Module:
+  """``cls`` built by ``loader`` from a PyTorch ``state_dict`` and the other constructor options.
+
+  Raises TypeError for an option that the weights decide and for a state dict
+  that is not a mapping, ValueError for keys that are not one key set exactly
+  or a tensor of the wrong shape; each names ``cls`` and the key.
+  """
+  module = cls.__name__
+  _refuse_inferred(options, (*loader.inferred, "rngs"), module)
+  state, rows = _read_state(state_dict, loader.key_sets, module)
+  values: dict[str, tuple[np.ndarray, str]] = {}  # NNX path -> (value, name in errors)
+  for row in rows:
+    if row.target is None:
+      continue
+    value = row.convert(state[row.key], row.key, module)
+    name = row.key + row.convert.note
+    if isinstance(row.target, str):
+      values[row.target] = (value, name)
+      continue
+    parts = len(row.target)
+    if value.ndim == 0 or value.shape[-1] % parts:
+      raise ValueError(
+          f"{module}.from_torch: `{name}` must split into {parts} equal parts along its last "
+          f"axis; got shape {value.shape}.")
+    for i, part in enumerate(np.split(value, parts, axis=-1)):
+      values[row.target[i]] = (part, f"{name}, part {i + 1} of {parts}")
+  sizes = loader.sizes({path: value for path, (value, _) in values.items()})
+  instance = nnx.eval_shape(lambda: cls(**sizes, **options, rngs=nnx.Rngs(0)))
+  for path, (value, name) in values.items():
+    _assign(_variable(instance, path), value, name, module)
+  return _check_loaded(instance)
+
+
+def _to_numpy(value) -> np.ndarray:
+  """A torch tensor (without importing torch) or array-like as a NumPy array."""
+  if hasattr(value, "detach"):
+    value = value.detach().cpu()
+    if hasattr(value, "float") and str(getattr(value, "dtype", "")) == "torch.bfloat16":
+      value = value.float()
+  return np.asarray(value)
+
+
+def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -> None:
+  given = sorted(set(options) & set(inferred))
+  if given:
+    raise TypeError(
+        f"{module}.from_torch: do not pass {', '.join(given)}; sizes come from the weights "
+        "and no initialiser runs."
+    )
+
+
+def _read_state(state_dict: Mapping, key_sets: tuple[tuple[Row, ...], ...],
+                module: str) -> tuple[dict[str, np.ndarray], tuple[Row, ...]]:
+  """The state as NumPy arrays and the key set its keys are, or one error listing them all.
+
+  A key set's keys are its rows' keys; those of rows without a target are optional.
+  """
+  if not isinstance(state_dict, Mapping):
+    raise TypeError(f"{module}.from_torch: `state_dict` must be a mapping; got {type(state_dict)}.")
+  keys = set(state_dict)
+
+  def split(rows):
+    required = {row.key for row in rows if row.target is not None}
+    return required, {row.key for row in rows if row.target is None}
+
+  for rows in key_sets:
+    required, optional = split(rows)
+    if required <= keys <= required | optional:
+      return {k: _to_numpy(v) for k, v in state_dict.items()}, rows
+
+  def describe(required, optional):
+    text = ", ".join(sorted(required))
+    return text + (f" (optional: {', '.join(sorted(optional))})" if optional else "")
+
+  accepted = "; ".join(describe(*split(rows)) for rows in key_sets)
+  raise ValueError(
+      f"{module}.from_torch: unexpected state-dict keys. Expected one of: {accepted}. "
+      f"Received: {', '.join(sorted(map(str, keys))) or 'no keys'}. Strip any parent prefix "
+      "first, e.g. {k.removeprefix('se.'): v for k, v in sd.items() if k.startswith('se.')}."
+  )
+
+
+def _variable(module: nnx.Module, path: str) -> nnx.Variable:
+  for name in path.split("."):
+    module = getattr(module, name)
+  return module
+
+
+def _assign(variable: nnx.Variable, value: np.ndarray, name: str, module: str) -> None:
+  # flax >= 0.12 spells it get_value/set_value (and deprecates .value); 0.11 has .value only.
+  modern = hasattr(variable, "set_value")
+  spec = variable.get_value() if modern else variable.value
+  if tuple(spec.shape) != tuple(value.shape):
+    raise ValueError(
+        f"{module}.from_torch: `{name}` has shape {value.shape}; expected {tuple(spec.shape)}."
+    )
+  array = jnp.asarray(value, spec.dtype)
+  if modern:
+    variable.set_value(array)
+  else:
+    variable.value = array
+
+
+def _check_loaded(module: nnx.Module) -> nnx.Module:
+  """Refuses a module built by ``from_torch`` with a parameter left unassigned."""
+  if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(nnx.state(module))):
+    raise RuntimeError(f"{type(module).__name__}.from_torch left a parameter unassigned.")
+  return module
