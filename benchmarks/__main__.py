@@ -1,5 +1,5 @@
 import sys
 
-from benchmarks.run import main
+from benchmarks.solo import main
 
 sys.exit(main())

@@ -39,6 +39,27 @@ class Case:
     shape = self.tiny_shape or (1, *(min(s, 9) for s in spatial), min(c, 4))
     return dataclasses.replace(self, shape=shape)
 
+  def size(self) -> int:
+    """Elements of the input."""
+    return int(np.prod(self.shape))
+
+  def out_size(self) -> int:
+    """Elements of the output, from ``ours``'s shape function (nothing is computed)."""
+    import jax
+
+    return int(np.prod(jax.eval_shape(self.ours(), jax.ShapeDtypeStruct(
+        self.shape, np.float32)).shape))
+
+  def torch_inputs(self, torch, arrays: list[np.ndarray], device: str):
+    """PyTorch's function and ``arrays`` as it takes them: NHWC memory seen as NCHW.
+
+    That is exactly PyTorch's ``channels_last`` layout, on ``device``.
+    """
+    with torch.device(device):  # a case's own weights are made on the device too
+      fn = self.torch(torch)
+    order = (0, self.ndim + 1, *range(1, self.ndim + 1))
+    return fn, [torch.from_numpy(np.array(a)).to(device).permute(*order) for a in arrays]
+
 
 def _pad(p):
   return ((p, p), (p, p))
@@ -137,3 +158,11 @@ CASES = [
         tiny_shape=(1, 4, 4, 256),
     ),
 ]
+
+
+def by_name(name: str, *, quick: bool = False) -> Case:
+  """The row called ``name`` (its tiny form with ``quick``)."""
+  for case in CASES:
+    if case.name == name:
+      return case.tiny() if quick else case
+  raise KeyError(f"no benchmark row is called {name!r}; rows: {[c.name for c in CASES]}")

@@ -1,10 +1,15 @@
-"""Smoke test: the benchmark entry point runs end to end on tiny shapes (no timing claims)."""
+"""The benchmark harness: its arithmetic by hand, a smoke run on tiny shapes (no timing
+claims), the model step's three losses, and a guard on XLA's temporaries."""
 
 import importlib.util
 import json
+from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
+from benchmarks import model_step, solo
 from benchmarks.cases import CASES
 from benchmarks.run import main, summary
 
@@ -64,3 +69,96 @@ def test_backward_formulations_equal_the_numpy_mirror():
       ("recompute", jax.jit(formulations.recompute, static_argnums=2)(ct, x, geom)),
   ]:
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_stable_after_by_hand():
+  # Running medians of 1.0, 2.0, 1.1, 1.05, 1.08: 1.0, 1.5, 1.1, 1.075, 1.08. Within 5% of
+  # the final 1.08 from the third round on.
+  assert solo.stable_after([1.0, 2.0, 1.1, 1.05, 1.08]) == 3
+  assert solo.stable_after([1.0, 1.0, 1.0]) == 1
+  assert solo.stable_after([3.0, 1.0]) == 2  # the median of both is 2.0; 3.0 is 50% off
+
+
+def _process(call, null=0.01, floor=0.5, **extra):
+  return {"call_ms": call, "null_ms": null, "floor_ms": floor, **extra}
+
+
+def test_summarise_by_hand():
+  # Three rounds. Ours 2, 3, 4 ms (median 3); Flax 6, 6, 6; PyTorch 5, 4, 2 (median 4).
+  # The faster peer by median is PyTorch: 3 / 4 = 0.75. Per round, ours over the faster
+  # peer of that round: 2/5, 3/4, 4/2 = 0.4, 0.75, 2.0. Floor 0.5: 3 / 0.5 = 6.
+  per_round = {
+      "ours": [_process(2, temp_bytes=10), _process(3, temp_bytes=10), _process(4, temp_bytes=10)],
+      "flax": [_process(6), _process(6), _process(6)],
+      "torch": [_process(5, saved_bytes=7), _process(4, saved_bytes=7), _process(2, saved_bytes=7)],
+  }
+  out = solo.summarise(per_round)
+  assert out["best_peer"] == "torch"
+  assert (out["ratio"], out["ratio_min"], out["ratio_max"]) == (0.75, 0.4, 2.0)
+  assert out["floor_ratio"] == 6.0
+  assert out["contestants"]["ours"].items() >= {"median_ms": 3, "min_ms": 2, "max_ms": 4,
+                                                "temp_bytes": 10}.items()
+  assert out["contestants"]["torch"]["saved_bytes"] == 7
+
+
+def test_a_step_whose_losses_differ_is_not_reported():
+  per_round = {"ours": [_process(1, loss=2.30)], "flax": [_process(1, loss=2.30)],
+               "torch": [_process(1, loss=2.31)]}
+  with pytest.raises(RuntimeError, match="losses differ"):
+    solo.check_same_loss("step", per_round)
+  per_round["torch"][0]["loss"] = 2.30 * (1 + 1e-6)
+  solo.check_same_loss("step", per_round)
+
+
+@pytest.mark.slow
+def test_model_step_three_ways_has_one_loss():
+  # The same weights and batch: nnx-pool's layers, flax.nnx built-ins, PyTorch (if there).
+  losses = model_step.losses(model_step.QUICK)
+  # A fresh 10-class head starts near chance: -log(1/10) = 2.30.
+  assert abs(losses["ours"] - np.log(10)) < 0.2
+  for name, value in losses.items():
+    assert value == pytest.approx(losses["ours"], rel=1e-5), (name, losses)
+
+
+@pytest.mark.slow
+def test_solo_harness_runs_one_row_alone(tmp_path, capsys):
+  out = tmp_path / "bench.json"
+  assert solo.main(["-k", "GlobalAvgPool", "--rounds", "1", "--calls", "2", "--warmup", "0",
+                    "--quick", "--no-model", "--json", str(out)]) == 0
+  report = json.loads(out.read_text())
+  (row,) = report["rows"]
+  assert row["case"] == "GlobalAvgPool"
+  contestants = {"ours", "flax"} | ({"torch"} if importlib.util.find_spec("torch") else set())
+  for pass_name in ("forward", "backward"):
+    assert set(row[pass_name]["contestants"]) == contestants
+    assert row[pass_name]["contestants"]["ours"]["temp_bytes"] >= 0
+  assert "GlobalAvgPool" in capsys.readouterr().out
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.json"
+
+
+def _recorded() -> dict:
+  return json.loads(RECORDED.read_text()) if RECORDED.exists() else {}
+
+
+@pytest.mark.skipif(
+    _recorded().get("environment", {}).get("jax") != jax.__version__,
+    reason=f"docs/benchmarks.json records XLA's temporaries for jax "
+    f"{_recorded().get('environment', {}).get('jax')}; this is jax {jax.__version__}")
+def test_xla_temporaries_do_not_grow_past_the_recorded_benchmark():
+  # Deterministic, so they hold on a noisy machine: a change that doubles a row's memory
+  # fails here without timing anything. 10% of slack for XLA's layout choices.
+  rows = {row["case"]: row for row in _recorded()["rows"]}
+  grown = []
+  for case in CASES:
+    recorded = rows[case.name]
+    x = jax.ShapeDtypeStruct(case.shape, np.float32)
+    ours = case.ours()
+    for pass_name, fn in (("forward", ours),
+                          ("backward", jax.grad(lambda a, f=ours: (f(a) ** 2).sum()))):
+      now = jax.jit(fn).lower(x).compile().memory_analysis().temp_size_in_bytes
+      limit = recorded[pass_name]["contestants"]["ours"]["temp_bytes"]
+      if now > 1.10 * limit + 4096:
+        grown.append(f"{case.name} {pass_name}: {now} bytes, recorded {limit}")
+  assert not grown, "XLA's temporaries grew: " + "; ".join(grown)
