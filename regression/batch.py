@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -50,10 +49,9 @@ from nnx_pool import (
   SelectAdaptivePool,
   SqueezeExcitation,
 )
+from nnx_pool.regression.constants import NAME
 from nnx_pool.regression.inputs import INPUTS
 from nnx_pool.regression.tolerance import KINDS
-
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +65,11 @@ class ErrorSpec:
 
   type: str
   pattern: str
+
+
+# The fields of a Case that its declaration holds as they are (besides its tolerance kind and
+# the error it raises): a change to any of them makes the case STALE, except to `note`.
+_DECLARED = ("module", "config", "input", "dtype", "indices", "params", "grad", "note")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,7 @@ class Case:
   note: str = ""
 
   def __post_init__(self):
-    if not isinstance(self.name, str) or not _NAME.match(self.name):
+    if not isinstance(self.name, str) or not NAME.match(self.name):
       raise ValueError(f"`name` must be letters, digits and _.- only; got {self.name!r}.")
     if not callable(self.build):
       raise TypeError(f"`build` must be a zero-argument callable; got {self.build!r}.")
@@ -118,18 +121,10 @@ class Case:
 
   def describe(self) -> dict[str, Any]:
     """The case's declaration as JSON, stored in the manifest to detect edits."""
-    return {
-        "module": self.module,
-        "config": self.config,
-        "input": self.input,
-        "dtype": self.dtype,
-        "tolerance_kind": self.tolerance,
-        "indices": self.indices,
-        "params": self.params,
-        "grad": self.grad,
-        "raises": dataclasses.asdict(self.raises) if self.raises else None,
-        "note": self.note,
-    }
+    declaration = {field: getattr(self, field) for field in _DECLARED}
+    declaration["tolerance_kind"] = self.tolerance
+    declaration["raises"] = dataclasses.asdict(self.raises) if self.raises else None
+    return declaration
 
 
 # Public namespaces that re-export functions defined in private modules.

@@ -20,23 +20,16 @@ import numpy as np
 
 from nnx_pool.regression import store
 from nnx_pool.regression.batch import Case, matches, select
+from nnx_pool.regression.batch_runner import UNBATCHED_INPUTS, make_mesh, run_case
 from nnx_pool.regression.compare import Verdict, compare_arrays
+from nnx_pool.regression.constants import BATCH_AXIS
 from nnx_pool.regression.report import FAILING, FailedArray, Report, Row, Timing, recorded_label
-from nnx_pool.regression.runner import (
-    UNBATCHED_INPUTS,
-    Execution,
-    compare_results,
-    make_mesh,
-    role_of,
-    run_case,
-    split_copies,
-)
+from nnx_pool.regression.runner import Execution, compare_results, role_of, split_copies
 from nnx_pool.regression.stamp import collect_stamp, stamp_changes
 from nnx_pool.regression.store import Baseline, BaselineError
 from nnx_pool.regression.tolerance import Tolerance, policy_table
 
 KIND = "batch"
-BATCH_AXIS = "batch"  # the mesh axis of sharded checks (nnx_pool.regression.runner.BATCH_AXIS)
 _INPUT_KEYS = ("input", "cotangent", "weights/")
 _CASE_FIELDS = ("declaration", "inputs", "results", "jit_eager_agree", "timing", "raises")
 # Called as progress(n, total, case_name) before the n-th of total cases runs (n from 1).
@@ -224,7 +217,7 @@ def check(
     reps: the most timed steady-state calls per case.
     devices: run sharded over this many devices (a mesh axis ``batch``): each
       stored batch is repeated once per device and every copy is compared
-      with the baseline (see :mod:`nnx_pool.regression.runner`). None: one device.
+      with the baseline (see :mod:`nnx_pool.regression.batch_runner`). None: one device.
     axis_types: the mesh's axis type when ``devices`` is given,
       ``"explicit"`` (default) or ``"auto"``.
     progress: called as ``progress(n, total, name)`` before each selected case runs.

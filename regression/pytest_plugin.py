@@ -37,17 +37,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+from nnx_pool.regression.constants import CHECK_ONLY_ENV, NAME
+
 KIND = "pytest"
 DIRNAME = "_regression"
-# Set (to anything but "" or "0") to compare only, never write a baseline.
-CHECK_ONLY_ENV = "NNX_REGRESSION_CHECK_ONLY"
 
 
 @dataclasses.dataclass
@@ -179,7 +177,7 @@ class Regression:
       TypeError: an input is not an array, or ``allow_nonfinite`` is not a bool.
     """
     __tracebackhide__ = True
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not NAME.match(name):
       raise ValueError(f"`name` must be letters, digits and _.- only; got {name!r}.")
     for bound, label in ((rtol, "rtol"), (atol, "atol")):
       if bound is not None and not (isinstance(bound, (int, float)) and bound >= 0):

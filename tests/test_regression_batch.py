@@ -4,18 +4,20 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nnx_pool.regression import commands, store
+from nnx_pool import reference
+from nnx_pool.regression import store
 from nnx_pool.regression.batch import (
-    BUILDERS,
-    Case,
-    build_cases,
-    call,
-    case,
-    load_batch,
-    select,
+  BUILDERS,
+  Case,
+  build_cases,
+  call,
+  case,
+  load_batch,
+  select,
 )
+from nnx_pool.regression.batch_runner import run_case
 from nnx_pool.regression.inputs import INPUTS, make_cotangent, make_input
-from nnx_pool.regression.runner import run_case
+from nnx_pool.regression.stamp import SHIPPED
 
 
 def test_batch_inputs_are_deterministic():
@@ -139,31 +141,81 @@ def test_batch_spans_inputs_dtypes_and_options(batch):
     assert "bad_rank" in per_module[module] and "nonfinite" in per_module[module], module
 
 
-# Real cases that exercise each machinery path: indices with NaN, ties with the
-# sum rule, exact integer averages, extreme magnitudes, bfloat16, an error case.
-REAL = ["max_k2_indices_nonfinite", "max_k2s1_ties_zeros", "avg_k3s1p1_ints",
-        "avg_k2s1_extreme", "lp2_k2_bf16_batch", "min_bad_rank", "max_k3s1p1_int8_ints"]
+# The shipped baseline, checked against the NumPy mirror (nnx_pool.reference, PyTorch's rules
+# written out with loops) on the inputs stored beside the results: cases that exercise each
+# path of the machinery, indices with NaN, ties under the sum rule, exact integer averages,
+# extreme magnitudes, bfloat16, an int8 window with padding, an error case.
+@pytest.fixture(scope="module")
+def shipped():
+  return store.read_baseline(SHIPPED)
 
 
-def test_batch_real_cases_record_then_check_clean(batch, tmp_path):
-  cases = [c for c in batch.cases if c.name in REAL]
-  assert sorted(c.name for c in cases) == sorted(REAL)
-  out = tmp_path / "baseline"
-  recorded = commands.record(cases, out, reps=3)
-  assert recorded.exit_code == 0, [r.details for r in recorded.rows]
-  checked = commands.check(cases, out, reps=3)
-  assert checked.exit_code == 0, [(r.case, r.details) for r in checked.rows]
-  base = store.read_baseline(out)
-  cases_json = base.manifest["cases"]
-  assert cases_json["max_k2s1_ties_zeros"]["results"]["grad/input"]["rule"] == "sum"
-  assert cases_json["avg_k3s1p1_ints"]["results"]["output"]["rule"] == "exact"
-  assert cases_json["min_bad_rank"]["raises"]["type"] == "ValueError"
-  assert "grad/input" not in cases_json["max_k3s1p1_int8_ints"]["results"]  # no int gradients
+def _stored(shipped, case: str) -> dict[str, np.ndarray]:
+  return {k.split("/", 1)[1]: v for k, v in shipped.arrays.items() if k.startswith(f"{case}/")}
+
+
+def _close(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> None:
+  assert actual.dtype == expected.dtype and actual.shape == expected.shape
+  np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64), rtol=rtol,
+                             atol=atol, equal_nan=True)
+
+
+def _avg_grad_3x3_pad1(ct: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+  """The gradient of nn.AvgPool2d(3, 1, 1) (count_include_pad: every divisor 9), by hand."""
+  grad = np.zeros(shape)
+  for n, oh, ow, c in np.ndindex(ct.shape):
+    for ih in range(oh - 1, oh + 2):
+      for iw in range(ow - 1, ow + 2):
+        if 0 <= ih < shape[1] and 0 <= iw < shape[2]:
+          grad[n, ih, iw, c] += ct[n, oh, ow, c] / 9
+  return grad
+
+
+def test_batch_shipped_selections_match_the_mirror(shipped):
+  a = _stored(shipped, "max_k2_indices_nonfinite")
+  values, indices = reference.max_pool(a["input"], (2, 2), (2, 2), "VALID")
+  assert np.array_equal(a["output"], values, equal_nan=True)
+  assert np.array_equal(a["indices"], indices) and a["indices"].dtype == np.int32
+  grad = reference.max_pool_grad(a["input"], a["cotangent"], (2, 2), (2, 2), "VALID")
+  assert np.array_equal(a["grad/input"], grad)
   # NaN propagates through max pooling and is what the index points at (seed facts).
-  values = base.arrays["max_k2_indices_nonfinite/output"]
-  indices = base.arrays["max_k2_indices_nonfinite/indices"]
-  assert np.isnan(values[0, 0, 0, 0]) and indices[0, 0, 0, 0] == 1
-  assert values[0, 0, 0, 1] == np.inf
+  assert np.isnan(a["output"][0, 0, 0, 0]) and a["indices"][0, 0, 0, 0] == 1
+  assert a["output"][0, 0, 0, 1] == np.inf
+  ints = _stored(shipped, "max_k3s1p1_int8_ints")
+  values, _ = reference.max_pool(ints["input"], (3, 3), (1, 1), ((1, 1), (1, 1)))
+  assert ints["input"].dtype == np.int8 and np.array_equal(ints["output"], values)
+  assert "grad/input" not in ints  # no integer gradients
+  ties = _stored(shipped, "max_k2s1_ties_zeros")
+  values, indices = reference.max_pool(ties["input"], (2, 2), (1, 1), "VALID")
+  assert np.array_equal(ties["output"], values) and np.array_equal(ties["indices"], indices)
+  # Under ties only the totals per sample and channel are pinned: every cotangent lands once.
+  assert np.array_equal(ties["grad/input"].sum(axis=(1, 2)), ties["cotangent"].sum(axis=(1, 2)))
+
+
+def test_batch_shipped_averages_match_the_mirror(shipped):
+  ints = _stored(shipped, "avg_k3s1p1_ints")
+  assert np.array_equal(ints["output"], reference.avg_pool(ints["input"], (3, 3), (1, 1),
+                                                           ((1, 1), (1, 1))))  # exact
+  grad = _avg_grad_3x3_pad1(ints["cotangent"], ints["input"].shape).astype(np.float32)
+  _close(ints["grad/input"], grad, 4e-6, 4e-6)
+  extreme = _stored(shipped, "avg_k2s1_extreme")
+  _close(extreme["output"], reference.avg_pool(extreme["input"], (2, 2), (1, 1), "VALID"),
+         1e-6, float(np.finfo(np.float32).tiny))
+  lp = _stored(shipped, "lp2_k2_bf16_batch")
+  expected = reference.lp_pool(lp["input"], 2, (2, 2)).astype(ml_dtypes.bfloat16)
+  _close(lp["output"], expected, 1e-2, 1e-2)
+  batch = _stored(shipped, "global_avg_batch")
+  _close(batch["output"], reference.global_avg_pool(batch["input"]), 1e-5, 1e-5)
+  asym = _stored(shipped, "adaptive_avg_34_asym")
+  _close(asym["output"], reference.adaptive_avg_pool(asym["input"], (3, 4)), 1e-6, 1e-6)
+
+
+def test_batch_shipped_declarations_hold_the_documented_rules(shipped):
+  cases = shipped.manifest["cases"]
+  assert cases["max_k2s1_ties_zeros"]["results"]["grad/input"]["rule"] == "sum"
+  assert cases["avg_k3s1p1_ints"]["results"]["output"]["rule"] == "exact"
+  assert cases["min_bad_rank"]["raises"]["type"] == "ValueError"
+  assert cases["min_bad_rank"]["results"] == {}
 
 
 def test_batch_run_case_reports_an_unexpected_error():

@@ -194,9 +194,10 @@ def test_cli_check_k_selects_cases_and_ignores_the_rest(baseline, capsys):
 
 def test_cli_check_reads_inputs_from_the_baseline(baseline, capsys, monkeypatch):
   # If check regenerated inputs, this poisoned generator would change every output.
-  from nnx_pool.regression import runner
+  from nnx_pool.regression import batch_runner
 
-  monkeypatch.setattr(runner, "make_input", lambda *a: pytest.fail("check regenerated an input"))
+  monkeypatch.setattr(batch_runner, "make_input",
+                      lambda *a: pytest.fail("check regenerated an input"))
   assert _main(["check", "--baseline", str(baseline)]) == 0
 
 
@@ -278,10 +279,11 @@ def test_cli_record_refuses_to_overwrite_without_force(baseline, capsys):
 
 def test_cli_record_force_replaces_and_keeps_the_stored_inputs(baseline, capsys, monkeypatch):
   before = store.read_baseline(baseline)
-  from nnx_pool.regression import runner
+  from nnx_pool.regression import batch_runner
 
   # Unchanged cases reuse the stored inputs, so inputs never drift between recordings.
-  monkeypatch.setattr(runner, "make_input", lambda *a: pytest.fail("record regenerated an input"))
+  monkeypatch.setattr(batch_runner, "make_input",
+                      lambda *a: pytest.fail("record regenerated an input"))
   assert _main(["record", "--out", str(baseline), "--force"], standin_cases()[:2]) == 0
   assert "wrote baseline" in capsys.readouterr().out
   after = store.read_baseline(baseline)
