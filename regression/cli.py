@@ -27,7 +27,7 @@ Commands:
   the versions it changed marked ``(rehearsal)``. This environment is never modified.
   ``--resolve`` lets pip choose older versions of the packages that depend on a
   requirement (flax for jax). Environments are cached per requirement set, the three
-  used most recently kept (:func:`nnx_pool.regression.rehearse.cache_root`);
+  used most recently kept (:func:`nnx_pool.regression.rehearse_cache.cache_root`);
   ``rehearse --clear-cache`` empties the cache. ``--pytest`` also runs your
   ``nnx_regression`` tests there, comparing only. See :mod:`nnx_pool.regression.rehearse`.
 
@@ -65,7 +65,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from nnx_pool.regression import html, rehearse
+from nnx_pool.regression import html, rehearse, rehearse_cache
 from nnx_pool.regression.report import Report, render, write_json
 from nnx_pool.regression.stamp import SHIPPED, source_checkout
 
@@ -96,28 +96,31 @@ def _parser() -> argparse.ArgumentParser:
   def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
 
+  def add_check_options(p: argparse.ArgumentParser, *, html_help: str) -> None:
+    """The options of ``check``, which ``rehearse`` passes on to the check it runs."""
+    p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
+                   help="baseline directory (default: the shipped baseline)")
+    p.add_argument("-k", dest="pattern", metavar="PATTERN",
+                   help="only cases whose name contains PATTERN or matches it as a glob")
+    p.add_argument("--dry-run", action="store_true", help="report drift but exit 0")
+    p.add_argument("--timing", action="store_true",
+                   help="list every case whose compile or steady time moved (never fails a check)")
+    add_json(p)
+    p.add_argument("--html", metavar="OUT", help=html_help)
+
   p = sub.add_parser(
       "check", help="compare the batch with a baseline",
       description="Runs the batch (after JIT warmup) and compares it with a baseline.",
       epilog="On a terminal, stderr shows the case running (case n/N); piped, nothing extra. "
              "Exit codes: 0 all pass, 1 a number moved or the baseline is out of date, "
              "2 an unusable baseline or a batch that could not be built.")
-  p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
-                 help="baseline directory (default: the shipped baseline)")
-  p.add_argument("-k", dest="pattern", metavar="PATTERN",
-                 help="only cases whose name contains PATTERN or matches it as a glob")
-  p.add_argument("--dry-run", action="store_true", help="report drift but exit 0")
+  add_check_options(p, html_help="also write one self-contained HTML page to OUT: both stamps, "
+                    "the table, and heatmaps of every failing array with its tolerance (needs "
+                    f"matplotlib: {html.INSTALL})")
   p.add_argument("--devices", metavar="N", type=_positive_int,
                  help="run the batch sharded over N (simulated CPU) devices")
   p.add_argument("--axis-types", choices=("explicit", "auto"), default="explicit",
                  help="the mesh's axis type with --devices (default: explicit, as jax.make_mesh)")
-  p.add_argument("--timing", action="store_true",
-                 help="list every case whose compile or steady time moved (never fails a check)")
-  add_json(p)
-  p.add_argument("--html", metavar="OUT",
-                 help="also write one self-contained HTML page to OUT: both stamps, the table, "
-                      "and heatmaps of every failing array with its tolerance (needs "
-                      f"matplotlib: {html.INSTALL})")
 
   p = sub.add_parser(
       "record", help="run the batch and write a baseline",
@@ -155,17 +158,8 @@ def _parser() -> argparse.ArgumentParser:
              "pytest's.")
   p.add_argument("requirements", metavar="REQ", nargs="*",
                  help="a PEP 508 requirement to apply over this environment, e.g. jax==0.9.2")
-  p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
-                 help="baseline directory here (default: the shipped baseline)")
-  p.add_argument("-k", dest="pattern", metavar="PATTERN",
-                 help="only cases whose name contains PATTERN or matches it as a glob")
-  p.add_argument("--dry-run", action="store_true", help="report drift but exit 0")
-  p.add_argument("--timing", action="store_true",
-                 help="list every case whose compile or steady time moved")
-  add_json(p)
-  p.add_argument("--html", metavar="OUT",
-                 help="also write check's HTML page to OUT (matplotlib is installed in the "
-                      "rehearsal environment, not here)")
+  add_check_options(p, html_help="also write check's HTML page to OUT (matplotlib is installed "
+                    "in the rehearsal environment, not here)")
   p.add_argument("--resolve", action="store_true",
                  help="let pip choose, for each package here that depends on a requirement "
                       "(flax for jax), the newest version no newer than this environment's "
@@ -382,8 +376,8 @@ def _clear_cache(args: argparse.Namespace) -> int:
     print(f"error: rehearse --clear-cache takes no {', '.join(extra)}; run it alone.",
           file=sys.stderr)
     return 2
-  cleared = rehearse.clear_cache()
-  where = rehearse.shown(cleared.root)
+  cleared = rehearse_cache.clear_cache()
+  where = rehearse_cache.shown(cleared.root)
   if cleared.removed or cleared.freed:
     print(f"removed {len(cleared.removed)} rehearsal environment(s) from {where}, "
           f"{cleared.freed / 1e6:.0f} MB")

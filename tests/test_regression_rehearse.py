@@ -11,6 +11,7 @@ install). The one test marked ``rehearsal`` installs real wheels from the regist
 import dataclasses
 import importlib.metadata
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,9 +26,17 @@ from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 
 import nnx_pool
-from nnx_pool.regression import cli, lock, pytest_plugin, rehearse
-from nnx_pool.regression.rehearse import RehearsalError, Requirement, make_plan
-from nnx_pool.regression.report import Report, Row
+from nnx_pool.regression import (
+    cli,
+    lock,
+    pip_messages,
+    rehearse,
+    rehearse_cache,
+    rehearse_env,
+    rehearse_plan,
+    rehearse_source,
+)
+from nnx_pool.regression.rehearse_plan import RehearsalError, Requirement, make_plan
 from nnx_pool.regression.stamp import SHIPPED, installed_versions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,18 +204,18 @@ def test_installed_pins_leave_out_nnx_pool_and_path_or_url_installs(tmp_path):
   _dist_info(second, "jax", "0.4.0")  # shadowed by the first copy on the path
   _dist_info(second, "mylib", "0.9")  # shadowed by the editable one: not pinned either
   dists = importlib.metadata.distributions(path=[str(first), str(second)])
-  assert rehearse.installed_pins(dists) == {"jax": "0.10.2", "ml-dtypes": "0.7.0"}
+  assert rehearse_plan.installed_pins(dists) == {"jax": "0.10.2", "ml-dtypes": "0.7.0"}
 
 
 def test_installed_pins_of_this_environment_hold_jax_and_not_nnx_pool():
-  pins = rehearse.installed_pins()
+  pins = rehearse_plan.installed_pins()
   assert pins["jax"] == installed_versions()["jax"]
   assert "nnx-pool" not in pins
   assert list(pins) == sorted(pins)
 
 
 def test_this_source_of_a_checkout_is_copied_never_built_in_place(tmp_path):
-  source = rehearse.this_source()
+  source = rehearse_source.this_source()
   assert source.root == ROOT and any(r.startswith("jax>=") for r in source.requires)
   snapshot = source.snapshot(["report"], tmp_path)
   assert snapshot.requirement == f"nnx-pool[report] @ {(tmp_path / 'nnx-pool-source').as_uri()}"
@@ -217,7 +226,7 @@ def test_this_source_of_a_checkout_is_copied_never_built_in_place(tmp_path):
   assert not any("__pycache__" in p.parts for p in copied)
   assert (tmp_path / "nnx-pool-source" / "nnx_pool" / "__init__.py").read_bytes() == (
       ROOT / "nnx_pool" / "__init__.py").read_bytes()
-  assert snapshot.digest == source.digest() == rehearse.this_source().digest()
+  assert snapshot.digest == source.digest() == rehearse_source.this_source().digest()
 
 
 @pytest.mark.parametrize(("direct_url", "expected"), [
@@ -229,9 +238,9 @@ def test_this_source_of_an_installed_wheel_is_where_pip_got_it(
     monkeypatch, tmp_path, direct_url, expected):
   _dist_info(tmp_path, "nnx-pool", "0.1.0", direct_url)
   (dist,) = importlib.metadata.distributions(path=[str(tmp_path)])
-  monkeypatch.setattr(rehearse, "source_checkout", lambda: None)
+  monkeypatch.setattr(rehearse_source, "source_checkout", lambda: None)
   monkeypatch.setattr(importlib.metadata, "distribution", lambda name: dist)
-  source = rehearse.this_source()
+  source = rehearse_source.this_source()
   assert source.root is None
   assert source.snapshot(["report"], tmp_path).requirement == expected
   assert source.snapshot([], tmp_path).requirement == expected.replace("[report]", "")
@@ -324,13 +333,13 @@ def test_make_plan_resolve_bounds_every_dependent_of_a_released_package_by_its_v
 
 def test_cache_keep_count_reads_its_variable(monkeypatch):
   monkeypatch.delenv("NNX_POOL_REHEARSE_KEEP", raising=False)
-  assert rehearse.keep_count() == 3
+  assert rehearse_cache.keep_count() == 3
   monkeypatch.setenv("NNX_POOL_REHEARSE_KEEP", "5")
-  assert rehearse.keep_count() == 5
+  assert rehearse_cache.keep_count() == 5
   for bad in ("0", "-1", "two"):
     monkeypatch.setenv("NNX_POOL_REHEARSE_KEEP", bad)
     with pytest.raises(RehearsalError) as error:
-      rehearse.keep_count()
+      rehearse_cache.keep_count()
     assert str(error.value) == (
         "rehearse: NNX_POOL_REHEARSE_KEEP must be how many rehearsal environments to keep, a "
         f"whole number of 1 or more; got {bad!r}. Unset it to keep 3.")
@@ -352,9 +361,9 @@ def test_prune_keeps_the_most_recently_used_and_any_in_use(tmp_path):
     _entry(tmp_path, name, now - 3600 * n)
   (tmp_path / "not-a-key").mkdir()  # never ours to remove
   with lock.exclusive(tmp_path / names[4]):  # in use by another rehearsal
-    assert rehearse.prune(tmp_path, 2, current=names[3]) == [names[1], names[2]]
+    assert rehearse_cache.prune(tmp_path, 2, current=names[3]) == [names[1], names[2]]
   assert sorted(p.name for p in tmp_path.iterdir()) == [names[0], names[3], names[4], "not-a-key"]
-  assert rehearse.prune(tmp_path, 2) == [names[4]]
+  assert rehearse_cache.prune(tmp_path, 2) == [names[4]]
 
 
 def test_clear_cache_removes_every_environment_not_in_use(tmp_path):
@@ -363,42 +372,42 @@ def test_clear_cache_removes_every_environment_not_in_use(tmp_path):
   (tmp_path / f"{0:016x}" / "env" / "big").write_bytes(b"x" * 5000)
   (tmp_path / ".tmp-0123456789abcdef-x").mkdir()  # a build an older layout left
   with lock.exclusive(tmp_path / f"{2:016x}"):
-    cleared = rehearse.clear_cache(tmp_path)
+    cleared = rehearse_cache.clear_cache(tmp_path)
   assert sorted(cleared.removed) == [f"{0:016x}", f"{1:016x}"]
   assert cleared.busy == [f"{2:016x}"]
   assert 5000 <= cleared.freed < 5100  # the file of 5000 bytes and three short ones
   assert [p.name for p in tmp_path.iterdir()] == [f"{2:016x}"]
-  assert rehearse.clear_cache(tmp_path / "nowhere").removed == []
+  assert rehearse_cache.clear_cache(tmp_path / "nowhere").removed == []
 
 
 def test_cache_root_follows_nnx_pool_cache_then_xdg_then_home(monkeypatch, tmp_path):
   monkeypatch.setenv("HOME", str(tmp_path / "home"))
   monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
   monkeypatch.delenv("NNX_POOL_CACHE", raising=False)
-  assert rehearse.cache_root() == tmp_path / "home" / ".cache" / "nnx-pool" / "rehearse"
-  assert rehearse.shown(rehearse.cache_root()) == "~/.cache/nnx-pool/rehearse"
+  assert rehearse_cache.cache_root() == tmp_path / "home" / ".cache" / "nnx-pool" / "rehearse"
+  assert rehearse_cache.shown(rehearse_cache.cache_root()) == "~/.cache/nnx-pool/rehearse"
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-  assert rehearse.cache_root() == tmp_path / "xdg" / "nnx-pool" / "rehearse"
+  assert rehearse_cache.cache_root() == tmp_path / "xdg" / "nnx-pool" / "rehearse"
   monkeypatch.setenv("NNX_POOL_CACHE", str(tmp_path / "mine"))
-  assert rehearse.cache_root() == tmp_path / "mine" / "rehearse"
+  assert rehearse_cache.cache_root() == tmp_path / "mine" / "rehearse"
 
 
 # ------------------------------------------------------------------ reporting
 
 
 def test_pip_failure_names_the_requirement_without_a_distribution():
-  assert rehearse.pip_failure(PIP_NO_MATCH, ["jax==0.0.1", "flax==0.12.6"], PINS) == (
+  assert pip_messages.pip_failure(PIP_NO_MATCH, ["jax==0.0.1", "flax==0.12.6"], PINS) == (
       "rehearse: pip could not install jax==0.0.1: "
       "No matching distribution found for jax==0.0.1")
 
 
 def test_pip_failure_names_the_pin_in_the_way_of_a_conflict_and_suggests_resolve():
-  assert rehearse.pip_failure(PIP_CONFLICT, ["jax==0.9.2"], {**PINS, "chex": "0.1.92"}) == (
+  assert pip_messages.pip_failure(PIP_CONFLICT, ["jax==0.9.2"], {**PINS, "chex": "0.1.92"}) == (
       "rehearse: pip could not install jax==0.9.2: flax 0.12.8 depends on jax>=0.10.0 "
       "(flax 0.12.8 is this environment's version; name a flax version too, or pass --resolve "
       "to let pip choose one)")
   # With --resolve given already, naming a version is what is left.
-  assert rehearse.pip_failure(PIP_CONFLICT, ["jax==0.9.2"], PINS, resolve=True) == (
+  assert pip_messages.pip_failure(PIP_CONFLICT, ["jax==0.9.2"], PINS, resolve=True) == (
       "rehearse: pip could not install jax==0.9.2: flax 0.12.8 depends on jax>=0.10.0 "
       "(flax 0.12.8 is this environment's version; name a flax version too)")
 
@@ -409,7 +418,7 @@ def test_pip_failure_names_the_pin_in_the_way_of_a_conflict_and_suggests_resolve
 def test_pip_failure_leaves_out_dependents_that_admit_the_requested_version(spec):
   output = PIP_CONFLICT.replace("    chex 0.1.92 depends on jax>=0.7.0\n",
                                 f"    chex 0.1.92 depends on jax{spec}\n")
-  assert rehearse.pip_failure(output, ["jax==0.9.2"], PINS) == (
+  assert pip_messages.pip_failure(output, ["jax==0.9.2"], PINS) == (
       "rehearse: pip could not install jax==0.9.2: flax 0.12.8 depends on jax>=0.10.0 "
       "(flax 0.12.8 is this environment's version; name a flax version too, or pass --resolve "
       "to let pip choose one)")
@@ -435,7 +444,7 @@ def test_resolved_notes_name_each_version_chosen_and_the_requirement_that_ruled_
 def test_stale_pins_name_each_installed_version_a_constraint_no_longer_admits():
   there = {"numpy": "2.4.5", "flax": "0.12.6", "jax": "0.9.2", "optax": "0.2.8"}
   constraints = ["numpy==2.4.6", "flax<=0.12.8", "optax<=0.2.7", "rich==14.0.0"]
-  assert rehearse.stale_pins(there, constraints) == ["numpy 2.4.5 -> 2.4.6",
+  assert rehearse_env.stale_pins(there, constraints) == ["numpy 2.4.5 -> 2.4.6",
                                                      "optax 0.2.8 -> <=0.2.7"]
 
 
@@ -445,11 +454,11 @@ def test_pip_failure_of_a_pinned_constraint_and_of_an_unknown_error():
             "    jax 0.9.2 depends on numpy<2.4\n"
             "    The user requested (constraint) numpy==2.4.6\n\n")
   # numpy is a dependency of jax, not a dependent: --resolve would not release it.
-  assert rehearse.pip_failure(output, ["jax==0.9.2"], PINS) == (
+  assert pip_messages.pip_failure(output, ["jax==0.9.2"], PINS) == (
       "rehearse: pip could not install jax==0.9.2: jax 0.9.2 depends on numpy<2.4; The user "
       "requested (constraint) numpy==2.4.6 (numpy 2.4.6 is this environment's version; name a "
       "numpy version too)")
-  assert rehearse.pip_failure("Some\nnetwork trouble\n\n", ["flax==0.12.6"], PINS) == (
+  assert pip_messages.pip_failure("Some\nnetwork trouble\n\n", ["flax==0.12.6"], PINS) == (
       "rehearse: pip could not install flax==0.12.6: network trouble")
 
 
@@ -473,14 +482,10 @@ def test_combined_exit_is_the_worse_of_check_and_pytest(check, tested, code):
   assert rehearse.combined_exit(check, tested) == code
 
 
-def test_the_check_only_variable_is_the_plugins():
-  assert rehearse.CHECK_ONLY_ENV == pytest_plugin.CHECK_ONLY_ENV
-
-
 # ------------------------------------------------- a run through a stand-in venv
 
 FAKE_PYTHON = """#!/bin/sh
-if [ "$1" = "-c" ]; then  # the user's tests (rehearse.PYTEST_MAIN)
+if [ "$1" = "-c" ]; then  # the user's tests (rehearse_env.PYTEST_MAIN)
   shift 2
   echo "pytest $* (in $(pwd))" >> "$FAKE/log"
   echo "check-only=$NNX_REGRESSION_CHECK_ONLY" >> "$FAKE/log"
@@ -532,17 +537,43 @@ class _Progress:
     self.calls.append("clear")
 
 
-def _check_report(code: int = 1) -> dict:
+def _check_json(code: int = 1) -> str:
+  """What `check --json` writes in the rehearsal environment (jax 0.9.2 there), as text.
+
+  The shape is that of a real report (`check -k '*_k2_one' --json` against the shipped
+  baseline, cut to two rows and one array each); with ``code`` 1, avg_k2_one fails where
+  the baseline held 0 (a relative error of inf, which JSON holds as the string "inf").
+  """
   here = installed_versions()
-  report = Report(
-      command="check", exit_code=code, baseline="/elsewhere/baseline",
-      baseline_stamp={"versions": {**here, "jax": here["jax"]}, "git": {}},
-      stamp={"versions": {**here, "jax": "0.9.2"}, "git": {"revision": None, "dirty": None}},
-      rows=[Row("max_k2_one", "PASS", 0.0, 0.0, "exact"),
-            Row("avg_k2_one", "FAIL" if code else "PASS", 2e-5, 1e-5, "rtol=1e-06 atol=1e-06",
-                ["output: 1 of 9 elements differ"] if code else [])],
-  )
-  return report.to_json()
+  fail = code == 1
+  tolerance = {"rule": "allclose", "rtol": 1e-06, "atol": 1e-06, "reason": "window forward"}
+  return json.dumps({
+      "command": "check", "exit_code": code, "error": None, "baseline": "/elsewhere/baseline",
+      "other": None, "dry_run": False, "counts": {"FAIL": 1, "PASS": 1} if fail else {"PASS": 2},
+      "rows": [
+          {"case": "max_k2_one", "status": "PASS", "max_abs": 0.0, "max_rel": 0.0,
+           "tolerance": "exact", "details": [],
+           "arrays": {"output": {"passed": True, "max_abs": 0.0, "max_rel": 0.0,
+                                 "mismatches": 0, "size": 18, "message": "",
+                                 "tolerance": {"rule": "exact", "rtol": 0.0, "atol": 0.0,
+                                               "reason": "exact"}}}},
+          {"case": "avg_k2_one", "status": "FAIL" if fail else "PASS",
+           "max_abs": 2e-05 if fail else 0.0, "max_rel": "inf" if fail else 0.0,
+           "tolerance": "rtol=1e-06 atol=1e-06",
+           "details": ["output: 1 of 18 elements differ (first at (0, 1, 2, 1): 2e-05 vs "
+                       "baseline 0)"] if fail else [],
+           "arrays": {"output": {"passed": not fail, "max_abs": 2e-05 if fail else 0.0,
+                                 "max_rel": "inf" if fail else 0.0, "mismatches": int(fail),
+                                 "size": 18, "message": "", "tolerance": tolerance}}},
+      ],
+      "stamp_changes": [], "recorded": "2026-12-03T06:48:44+00:00 at git 041c3ae55664",
+      "timings": [{"case": "max_k2_one", "compile_before": 0.0627, "compile_now": 0.0430,
+                   "steady_before": 1.49e-05, "steady_now": 7.94e-06, "changed": []}],
+      "notes": [],
+      "stamp": {"versions": {**here, "jax": "0.9.2"}, "backend": {"platform": "cpu"},
+                "git": {"revision": None, "dirty": None}},
+      "baseline_stamp": {"versions": here, "backend": {"platform": "cpu"}, "git": {}},
+  })
 
 
 @dataclasses.dataclass
@@ -567,10 +598,10 @@ def stand_in(monkeypatch, tmp_path):
   for name, text in {"pip_output": "", "pip_rc": "0", "check_rc": "1", "pytest_rc": "0",
                      "log": ""}.items():
     (fake / name).write_text(text)
-  (fake / "report.json").write_text(json.dumps(_check_report()))
+  (fake / "report.json").write_text(_check_json())
   monkeypatch.setenv("FAKE", str(fake))
   monkeypatch.setenv("NNX_POOL_CACHE", str(tmp_path / "cache"))
-  monkeypatch.setattr(rehearse.venv, "EnvBuilder", _StandInBuilder)
+  monkeypatch.setattr(rehearse_env.venv, "EnvBuilder", _StandInBuilder)
   _StandInBuilder.created = []
   started = []
   real_popen = subprocess.Popen
@@ -615,9 +646,16 @@ def test_rehearse_runs_check_there_and_reports_the_change_as_the_rehearsals(stan
   progress = _Progress()
   report = rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=progress)
   assert report.exit_code == 1 and report.error is None
-  assert REHEARSED_JAX in report.stamp_changes
+  # The child's stamps differ in jax only: the one change, marked as the rehearsal's.
+  assert report.stamp_changes == [REHEARSED_JAX]
   assert report.baseline == "base"
-  assert report.counts() == {"PASS": 1, "FAIL": 1}
+  # Its rows, as its JSON text holds them ("inf" read back as a float).
+  assert [(r.case, r.status, r.max_abs, r.max_rel, r.tolerance, r.details)
+          for r in report.rows] == [
+      ("max_k2_one", "PASS", 0.0, 0.0, "exact", []),
+      ("avg_k2_one", "FAIL", 2e-05, math.inf, "rtol=1e-06 atol=1e-06",
+       ["output: 1 of 18 elements differ (first at (0, 1, 2, 1): 2e-05 vs baseline 0)"]),
+  ]
   assert report.stamp["git"]["revision"]  # this checkout's, which the environment holds
   assert report.notes[-1].startswith("rehearsal: check ran in a separate environment with "
                                      "jax==0.9.2, everything else at this environment's")
@@ -672,17 +710,17 @@ def test_rehearse_stamps_the_nnx_pool_it_copied_not_one_edited_during_the_instal
   for name in ("pyproject.toml", "README.md", "nnx_pool/__init__.py", "regression/cli.py"):
     (checkout / name).parent.mkdir(parents=True, exist_ok=True)
     (checkout / name).write_text(f"# {name}, before\n")
-  source = rehearse.Source(checkout, None, None, ("jax>=0.7.0",))
+  source = rehearse_source.Source(checkout, None, None, ("jax>=0.7.0",))
   monkeypatch.setattr(rehearse, "this_source", lambda: source)
-  real_pip = rehearse._pip
+  real_pip = rehearse_env.run_pip
 
   def edited_during_the_install(env, args, *, on_line):
     (checkout / "nnx_pool" / "__init__.py").write_text("# edited while pip ran\n")
     return real_pip(env, args, on_line=on_line)
 
-  monkeypatch.setattr(rehearse, "_pip", edited_during_the_install)
+  monkeypatch.setattr(rehearse_env, "run_pip", edited_during_the_install)
   rehearse.rehearse(["jax==0.9.2"], baseline="base")
-  monkeypatch.setattr(rehearse, "_pip", real_pip)
+  monkeypatch.setattr(rehearse_env, "run_pip", real_pip)
   again = _Progress()
   rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=again)
   # The edit came after the copy that was installed: the environment must take it now.
@@ -766,7 +804,7 @@ def test_rehearse_pytest_runs_the_users_tests_in_their_directory(stand_in, monke
   project.mkdir()
   monkeypatch.chdir(project)
   stand_in.write("check_rc", "0")
-  stand_in.write("report.json", json.dumps(_check_report(0)))
+  stand_in.write("report.json", _check_json(0))
   stand_in.write("pytest_rc", "1")
   report = rehearse.rehearse(["jax==0.9.2"], baseline="base", pytest_paths=["tests/x.py"])
   assert report.exit_code == 1
@@ -778,7 +816,7 @@ def test_rehearse_pytest_runs_the_users_tests_in_their_directory(stand_in, monke
   assert log[-2] == f"pytest -p no:cacheprovider tests/x.py (in {project})"
   assert log[-1] == "check-only=1"
   pytest_run = next(a for a in stand_in.started if a[1] == "-c")
-  assert pytest_run[1:3] == ["-c", rehearse.PYTEST_MAIN] and "-P" not in pytest_run
+  assert pytest_run[1:3] == ["-c", rehearse_env.PYTEST_MAIN] and "-P" not in pytest_run
   stand_in.write("pytest_rc", "5")
   assert rehearse.rehearse(["jax==0.9.2"], baseline="base",
                            pytest_paths=["tests/x.py"]).exit_code == 2
@@ -788,14 +826,14 @@ def test_rehearse_pytest_refuses_a_run_that_imported_another_nnx_pool(stand_in, 
                                                                       monkeypatch, tmp_path):
   monkeypatch.chdir(tmp_path)
   stand_in.write("check_rc", "0")
-  stand_in.write("report.json", json.dumps(_check_report(0)))
+  stand_in.write("report.json", _check_json(0))
   stand_in.write("foreign", str(tmp_path / "nnx_pool"))
   assert cli.main(["rehearse", "jax==0.9.2", "--pytest", "tests"]) == 2
   (entry,) = _cache().iterdir()
   rehearsed = next((entry / "env" / "lib").glob("python*/site-packages")) / "nnx_pool"
   assert capsys.readouterr().err == (
       f"error: rehearse: pytest would import nnx_pool from {tmp_path / 'nnx_pool'}, not the "
-      f"rehearsed one ({rehearse.shown(rehearsed)}), so its results would not be the "
+      f"rehearsed one ({rehearse_cache.shown(rehearsed)}), so its results would not be the "
       f"rehearsal's; a nnx_pool package in {tmp_path} (or a path your conftest adds) comes "
       "first. Run rehearse --pytest from a directory without one.\n")
 
@@ -834,12 +872,24 @@ def test_rehearse_check_without_a_report_exits_2(stand_in, capsys):
 def test_rehearse_cli_prints_the_report_and_its_json(stand_in, capsys, tmp_path):
   out_json = tmp_path / "r.json"
   assert cli.main(["rehearse", "jax==0.9.2", "--json", str(out_json)]) == 1
-  out = capsys.readouterr().out
-  assert "environment changes" in out and f"  {REHEARSED_JAX}\n" in out
-  assert "2 cases: 1 fail, 1 pass" in out
+  out = capsys.readouterr().out.splitlines()
+  # The child's two rows, laid out as check lays out its table.
+  table = out.index("case        max abs err  max rel err  tolerance              status")
+  assert out[table + 1:table + 7] == [
+      "max_k2_one  0            0            exact                  PASS",
+      "avg_k2_one  2e-05        inf          rtol=1e-06 atol=1e-06  FAIL",
+      "2 cases: 1 fail, 1 pass",
+      "",
+      "details:",
+      "  avg_k2_one: output: 1 of 18 elements differ (first at (0, 1, 2, 1): 2e-05 vs baseline 0)",
+  ]
+  changes = out.index("environment changes (baseline recorded 2026-12-03T06:48:44+00:00 at git "
+                      "041c3ae55664):")
+  assert out[changes + 1:changes + 3] == [f"  {REHEARSED_JAX}", ""]
   data = json.loads(out_json.read_text())
-  assert data["exit_code"] == 1
-  assert REHEARSED_JAX in data["stamp_changes"]
+  assert (data["exit_code"], data["counts"], data["stamp_changes"]) == (
+      1, {"FAIL": 1, "PASS": 1}, [REHEARSED_JAX])
+  assert data["rows"][1]["max_rel"] == "inf"  # written back as JSON holds it
 
 
 @pytest.mark.parametrize("requirement", [
@@ -859,7 +909,7 @@ def test_rehearse_malformed_requirement_exits_2_before_pip_runs(stand_in, capsys
 def _borrowing_venv(where: Path) -> Path:
   """A virtual environment without pip whose interpreter imports this one's packages."""
   venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(where)
-  (site,) = rehearse._site_packages(where)
+  (site,) = rehearse_env.site_packages(where)
   borrowed = sysconfig.get_paths()["purelib"]  # jax, pytest, and nnx-pool (editable) here
   (site / "borrowed.pth").write_text(f"import site; site.addsitedir({borrowed!r})\n")
   return where
@@ -884,11 +934,11 @@ def test_rehearse_pytest_imports_the_users_own_package(monkeypatch, tmp_path):
   rehearsed = Path(nnx_pool.__file__).parent
   foreign = tmp_path / "foreign.txt"
   monkeypatch.setenv("PYTEST_ADDOPTS", "-q")
-  code = rehearse._pytest(env, ["tests"], rehearsed=rehearsed, foreign=foreign)
+  code = rehearse_env.run_pytest(env, ["tests"], rehearsed=rehearsed, foreign=foreign)
   assert code == 0 and not foreign.exists()
   # The command it replaced: -P keeps the project off sys.path, and `import mypkg` fails.
-  old = subprocess.run([str(rehearse._python(env)), "-P", "-m", "pytest", "-p",
-                        "no:cacheprovider", "tests"], env=rehearse._environ(env),
+  old = subprocess.run([str(rehearse_env.interpreter(env)), "-P", "-m", "pytest", "-p",
+                        "no:cacheprovider", "tests"], env=rehearse_env.subprocess_env(env),
                        capture_output=True, text=True, check=False)
   assert old.returncode == 2 and "No module named 'mypkg'" in old.stdout
 
@@ -899,7 +949,7 @@ def test_rehearse_pytest_guard_refuses_a_stray_nnx_pool_before_pytest_starts(mon
   project = _project(tmp_path / "project", stray=True)
   monkeypatch.chdir(project)
   foreign = tmp_path / "foreign.txt"
-  code = rehearse._pytest(env, ["tests"], rehearsed=Path(nnx_pool.__file__).parent,
+  code = rehearse_env.run_pytest(env, ["tests"], rehearsed=Path(nnx_pool.__file__).parent,
                           foreign=foreign)
   assert code == 4
   assert foreign.read_text() == str(project / "nnx_pool")

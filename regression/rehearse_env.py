@@ -1,0 +1,318 @@
+"""The rehearsal environment: built with :mod:`venv` and pip, kept current, and run.
+
+:func:`build` creates a virtual environment (the standard library's :mod:`venv`, with
+pip) and installs there the plan (:mod:`nnx_pool.regression.rehearse_plan`) and this
+nnx-pool (:mod:`nnx_pool.regression.rehearse_source`), under the plan's constraints.
+:func:`prepare` does the same for a cache entry, or brings the environment it holds up to
+date: reinstalled (``--no-deps``) when this nnx-pool changed, and brought back to this
+environment's pins (``pip install`` again) when one of them moved since it was built
+(:func:`stale_pins`). :func:`run_check` and :func:`run_pytest` then run ``check`` and the
+user's tests there.
+
+**Never this environment.** Every subprocess runs the rehearsal environment's
+interpreter (:func:`interpreter`), with ``PYTHONPATH``, ``PYTHONHOME`` and pip's
+``--user``/``--target``/``--prefix`` settings removed from its environment
+(:func:`subprocess_env`); this interpreter's environment is only read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import venv
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Pep508
+
+from nnx_pool.regression import store
+from nnx_pool.regression.constants import CHECK_ONLY_ENV
+from nnx_pool.regression.pip_messages import pip_failure
+from nnx_pool.regression.rehearse_cache import ENV_DIR, shown
+from nnx_pool.regression.rehearse_plan import (
+    SELF,
+    Plan,
+    RehearsalError,
+    admits,
+    first_copies,
+    normalise,
+)
+from nnx_pool.regression.rehearse_source import Source
+
+_UNSET_ENV = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT")
+# In an environment: which nnx-pool is installed there (Source.digest) and its dependencies.
+_SOURCE_STAMP = "nnx-pool-source.json"
+
+
+class StepProgress(Protocol):
+  """The CLI's progress line: ``progress(n, total, what)``, and ``clear()``."""
+
+  def __call__(self, n: int, total: int, what: str) -> None: ...
+
+  def clear(self) -> None: ...
+
+
+def interpreter(env: Path) -> Path:
+  """The Python interpreter of the environment ``env``."""
+  return env / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt"
+                                                            else "python")
+
+
+def site_packages(env: Path) -> list[Path]:
+  """The site-packages directory of the environment ``env`` (none before it is built)."""
+  return [*env.glob("lib/python*/site-packages"), *env.glob("Lib/site-packages")]
+
+
+def environment_versions(env: Path) -> dict[str, str]:
+  """The distributions installed in the rehearsal environment ``env``, by normalised name."""
+  dists = importlib.metadata.distributions(path=[str(p) for p in site_packages(env)])
+  return {name: dist.version for name, dist in first_copies(dists).items()}
+
+
+def stale_pins(there: Mapping[str, str], constraints: Iterable[str]) -> list[str]:
+  """Each installed version a constraint no longer admits: ``numpy 2.4.5 -> 2.4.6``.
+
+  Args:
+    there: the environment's versions (:func:`environment_versions`).
+    constraints: the plan's constraints (this environment's pins now).
+  """
+  stale = []
+  for line in constraints:
+    try:
+      req = Pep508(line)
+    except InvalidRequirement:  # a version PEP 440 cannot read: pip will say so
+      continue
+    have = there.get(normalise(req.name))
+    if have is not None and not admits(req.specifier, have):
+      stale.append(f"{normalise(req.name)} {have} -> {str(req.specifier).removeprefix('==')}")
+  return stale
+
+
+def subprocess_env(env: Path) -> dict[str, str]:
+  """The environment variables of a subprocess in the rehearsal environment ``env``."""
+  environ = {k: v for k, v in os.environ.items() if k not in _UNSET_ENV}
+  environ["VIRTUAL_ENV"] = str(env)
+  environ["PATH"] = os.pathsep.join([str(interpreter(env).parent), environ.get("PATH", "")])
+  environ["PYTHONNOUSERSITE"] = "1"
+  return environ
+
+
+def run_pip(env: Path, args: Sequence[str], *, on_line: Callable[[str], None]) -> tuple[int, str]:
+  """Runs the environment's own pip: its exit status and output (each line to ``on_line``)."""
+  command = [str(interpreter(env)), "-m", "pip", *args, "--disable-pip-version-check",
+             "--no-input", "--progress-bar", "off"]
+  lines = []
+  with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, env=subprocess_env(env)) as proc:
+    for line in proc.stdout or ():
+      lines.append(line)
+      if line.strip() and not line.startswith("WARNING"):
+        on_line(line.strip())
+  return proc.returncode, "".join(lines)
+
+
+@dataclasses.dataclass
+class Steps:
+  """Numbers the steps on the progress line (``rehearse: step 2/3 installing ...``)."""
+
+  progress: StepProgress | None
+  total: int
+  n: int = 0
+
+  def next(self, what: str) -> None:
+    self.n += 1
+    self.show(what)
+
+  def show(self, what: str) -> None:
+    if self.progress is not None:
+      self.progress(self.n, self.total, what)
+
+  def clear(self) -> None:
+    if self.progress is not None:
+      self.progress.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """What building or updating an environment needs, besides the environment."""
+
+  plan: Plan
+  source: Source
+  scratch: Path
+  steps: Steps
+  pins: Mapping[str, str]
+
+
+def _read_stamp(env: Path) -> dict[str, Any]:
+  with contextlib.suppress(OSError, ValueError):
+    stamp = json.loads((env / _SOURCE_STAMP).read_text())
+    if isinstance(stamp, dict):
+      return stamp
+  return {}
+
+
+def _write_stamp(env: Path, digest: str | None, requires: Sequence[str]) -> None:
+  stamp = {"source": digest, "requires": sorted(requires)}
+  store.write_atomic(env / _SOURCE_STAMP, store.canonical_json(stamp).encode())
+
+
+def _install(env: Path, job: Job, what: str) -> None:
+  """``pip install`` of the plan and nnx-pool, under the constraints; stamps what it installed."""
+  plan = job.plan
+  constraints, requirements = env / "rehearsal-constraints.txt", env / "rehearsal-requirements.txt"
+  store.write_atomic(constraints, "".join(f"{c}\n" for c in plan.constraints).encode())
+  store.write_atomic(requirements, "".join(f"{r}\n" for r in plan.requirements).encode())
+  snapshot = job.source.snapshot(plan.extras, job.scratch)  # hashed once, before pip runs
+  job.steps.next(what)
+  code, output = run_pip(env, ["install", "-c", str(constraints), "-r", str(requirements),
+                               snapshot.requirement],
+                         on_line=lambda line: job.steps.show(f"pip: {line}"))
+  if code:
+    raise RehearsalError(pip_failure(output, plan.changes, job.pins, resolve=plan.resolve))
+  _write_stamp(env, snapshot.digest, job.source.requires)
+
+
+def build(env: Path, job: Job) -> None:
+  """Creates the environment at ``env`` and installs the plan there; raises RehearsalError."""
+  job.steps.next("creating a virtual environment (python -m venv)")
+  try:
+    venv.EnvBuilder(with_pip=True, symlinks=os.name != "nt").create(env)
+  except (OSError, subprocess.CalledProcessError) as e:
+    raise RehearsalError(f"rehearse: could not create a virtual environment with pip in "
+                         f"{shown(env)} ({e}).") from e
+  _install(env, job, f"installing {' '.join(job.plan.requirements)} and nnx-pool (pip)")
+
+
+def _outdated(env: Path, job: Job) -> tuple[list[str], bool]:
+  """What a cached environment lacks: pins that moved here (or new dependencies), a new nnx-pool."""
+  stamp = _read_stamp(env)
+  moved = stale_pins(environment_versions(env), job.plan.constraints)
+  if stamp.get("requires") != sorted(job.source.requires):
+    moved.append("nnx-pool's dependencies")
+  return moved, stamp.get("source") != job.source.digest()
+
+
+def _update(env: Path, job: Job, moved: Sequence[str], changed: bool) -> None:
+  """Brings a cached environment to this environment's pins and this nnx-pool."""
+  if moved:
+    _install(env, job, f"updating {', '.join(moved)} to this environment's versions (pip)")
+  if not changed:
+    return
+  job.steps.next("reinstalling nnx-pool, changed since the environment was built (pip --no-deps)")
+  snapshot = job.source.snapshot(job.plan.extras, job.scratch)
+  code, output = run_pip(env, ["install", "--no-deps", "--force-reinstall",
+                               snapshot.requirement],
+                         on_line=lambda line: job.steps.show(f"pip: {line}"))
+  if code:
+    raise RehearsalError(pip_failure(output, [SELF], job.pins))
+  _write_stamp(env, snapshot.digest, job.source.requires)
+
+
+def prepare(entry: Path, job: Job, then: int) -> str:
+  """Makes ``entry``'s environment ready, under its lock; says how (built, updated, reused).
+
+  ``then``: the steps that follow (check, pytest), for the progress line's total.
+  """
+  env = entry / ENV_DIR
+  started = time.monotonic()
+  if (env / "pyvenv.cfg").is_file():
+    moved, changed = _outdated(env, job)
+    job.steps.total = bool(moved) + changed + then
+    _update(env, job, moved, changed)
+    return f"updated in {time.monotonic() - started:.0f} s" if moved or changed else "reused"
+  job.steps.total = 2 + then
+  for unfinished in entry.glob(".tmp-*"):  # a build killed before it was renamed into place
+    shutil.rmtree(unfinished, ignore_errors=True)
+  staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry))
+  try:
+    build(staging, job)
+    os.rename(staging, env)  # the commit: a half-built environment is never at `env`
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return f"built in {time.monotonic() - started:.0f} s"
+
+
+def run_check(env: Path, baseline: Path, json_path: Path, *, pattern: str | None,
+              dry_run: bool, html: Path | None, scratch: Path) -> int:
+  """Runs ``check`` in the environment; its stdout (the table) is dropped, its stderr shown."""
+  command = [str(interpreter(env)), "-P", "-m", "nnx_pool.regression", "check",
+             "--baseline", str(baseline), "--json", str(json_path)]
+  if pattern is not None:
+    command += ["-k", pattern]
+  if dry_run:
+    command.append("--dry-run")
+  if html is not None:
+    command += ["--html", str(html)]
+  # cwd: a scratch directory, so that no nnx_pool/ in the caller's directory shadows the
+  # installed one (-P keeps the directory off sys.path too).
+  return subprocess.run(command, cwd=scratch, env=subprocess_env(env), stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, check=False).returncode
+
+
+# The user's `python -m pytest`, run by `python -c` so that sys.path is the same (their
+# directory first), with a guard: `import nnx_pool` must find the rehearsed nnx-pool, before
+# pytest starts (a nnx_pool/ in their directory) and after it ends (one a conftest found).
+# A foreign one is written to the file named by $NNX_POOL_REHEARSE_FOREIGN, and exits 4.
+PYTEST_MAIN = """\
+import importlib.util, os, sys
+def foreign(origin):
+  where = os.path.dirname(os.path.realpath(origin)) if origin else "nowhere"
+  return where != os.path.realpath(os.environ["NNX_POOL_REHEARSED"]) and where
+def refuse(where):
+  report = os.environ["NNX_POOL_REHEARSE_FOREIGN"]
+  with open(report + ".tmp", "w") as f:
+    f.write(where)
+  os.replace(report + ".tmp", report)
+  sys.exit(4)
+spec = importlib.util.find_spec("nnx_pool")
+if foreign(spec and spec.origin):
+  refuse(foreign(spec and spec.origin))
+import pytest
+code = pytest.main()  # the arguments after -c's code, as `python -m pytest ARGS` reads them
+module = sys.modules.get("nnx_pool")
+if module is not None and foreign(module.__file__):
+  refuse(foreign(module.__file__))
+sys.exit(int(code))
+"""
+
+
+def rehearsed_package(env: Path) -> Path:
+  """The directory ``import nnx_pool`` must find in the rehearsal environment ``env``."""
+  return ([*site_packages(env), env][0]) / "nnx_pool"
+
+
+def run_pytest(env: Path, paths: Sequence[str], *, rehearsed: Path, foreign: Path) -> int:
+  """Runs the user's tests in the environment, in their directory, comparing only.
+
+  Args:
+    env: the rehearsal environment.
+    paths: pytest's arguments.
+    rehearsed: the nnx_pool package the tests must import (:func:`rehearsed_package`).
+    foreign: where the guard writes the nnx_pool they found instead, if any.
+  """
+  command = [str(interpreter(env)), "-c", PYTEST_MAIN, "-p", "no:cacheprovider", *paths]
+  environ = {**subprocess_env(env), CHECK_ONLY_ENV: "1", "NNX_POOL_REHEARSED": str(rehearsed),
+             "NNX_POOL_REHEARSE_FOREIGN": str(foreign)}
+  return subprocess.run(command, env=environ, stdin=subprocess.DEVNULL, check=False).returncode
+
+
+def foreign_error(foreign: Path, rehearsed: Path) -> str | None:
+  """The one line refusing a pytest run that imported another nnx_pool; None if it did not."""
+  try:
+    where = foreign.read_text()
+  except FileNotFoundError:
+    return None
+  return (f"rehearse: pytest would import nnx_pool from {where}, not the rehearsed one "
+          f"({shown(rehearsed)}), so its results would not be the rehearsal's; a nnx_pool "
+          f"package in {os.getcwd()} (or a path your conftest adds) comes first. Run rehearse "
+          "--pytest from a directory without one.")
