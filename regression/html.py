@@ -38,7 +38,16 @@ import numpy as np
 
 from nnx_pool.regression import store
 from nnx_pool.regression.compare import failing_elements
-from nnx_pool.regression.report import FAILING, FailedArray, Report, Row, table, timing_lines
+from nnx_pool.regression.report import (
+    COLUMNS,
+    FAILING,
+    FailedArray,
+    Report,
+    Row,
+    aligned,
+    table,
+    timing_lines,
+)
 from nnx_pool.regression.stamp import stamp_header, stamp_rows
 from nnx_pool.regression.tolerance import is_float
 
@@ -207,21 +216,21 @@ def _stamps(report: Report) -> list[str]:
 
 
 def _table(rows: Sequence[Row], summary: str) -> list[str]:
-  """The CLI's table and summary line, one line per case: failing names link to their section."""
+  """The CLI's table and summary line, one line per case: failing names link to their section,
+  statuses are coloured."""
   if not rows:
     return []
-  lines = table(rows)
-  body = [_e(lines[0])]
-  for row, line in zip(rows, lines[1:], strict=True):
-    name, rest = line[:len(row.case)], line[len(row.case):]
-    status_at = len(rest) - len(row.status)
-    middle, status = _e(rest[:status_at]), f'<span class="{_e(row.status)}">{_e(row.status)}</span>'
-    if row.status in FAILING:
-      name_html = f'<a href="#{_e(_anchor(row.case))}">{_e(name)}</a>'
-    else:
-      name_html = _e(name)
-    body.append(f"{name_html}{middle}{status}")
-  body.append(_e(summary))
+  last = len(COLUMNS) - 1
+
+  def cell(r: int, column: int, text: str) -> str:
+    row = rows[r - 1] if r else None
+    if row is not None and column == 0 and row.status in FAILING:
+      return f'<a href="#{_e(_anchor(row.case))}">{_e(text)}</a>'
+    if row is not None and column == last:
+      return f'<span class="{_e(text)}">{_e(text)}</span>'
+    return _e(text)
+
+  body = [*aligned(table(rows), cell), _e(summary)]
   return ["<h2>Cases</h2>", "<pre>" + "\n".join(body) + "</pre>"]
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -232,14 +232,29 @@ def _num(value: float | None) -> str:
   return f"{value:.3g}"
 
 
-def table(rows: Sequence[Row]) -> list[str]:
-  """The aligned table of rows."""
-  header = ("case", "max abs err", "max rel err", "tolerance", "status")
-  cells = [header] + [
+COLUMNS = ("case", "max abs err", "max rel err", "tolerance", "status")
+
+
+def table(rows: Sequence[Row]) -> list[tuple[str, ...]]:
+  """The table's cells: the header (:data:`COLUMNS`), then one tuple of texts per row."""
+  return [COLUMNS] + [
       (r.case, _num(r.max_abs), _num(r.max_rel), r.tolerance, r.status) for r in rows
   ]
-  widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-  return ["  ".join(c[i].ljust(widths[i]) for i in range(len(header))).rstrip() for c in cells]
+
+
+def aligned(cells: Sequence[Sequence[str]],
+            markup: Callable[[int, int, str], str] | None = None) -> list[str]:
+  """One line per row of ``cells``, each column as wide as its widest text, two spaces apart.
+
+  Args:
+    cells: rows of texts (:func:`table`).
+    markup: ``markup(row, column, text)`` writes a cell (the HTML page escapes it and links
+      it); the column is padded after it by the width of the text itself.
+  """
+  widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+  write = markup or (lambda row, column, text: text)
+  return ["  ".join(write(r, i, text) + " " * (widths[i] - len(text))
+                    for i, text in enumerate(row)).rstrip() for r, row in enumerate(cells)]
 
 
 def _seconds(value: float | None) -> str:
@@ -304,7 +319,7 @@ def render(report: Report, *, timing: bool = False, json_path: str | None = None
     lines += [f"{side + ':':<10}{stamp_header(stamp or {})}" for side, stamp in sides]
     lines.append("")
   if report.rows:
-    lines += table(report.rows)
+    lines += aligned(table(report.rows))
     counts = report.counts()
     summary = ", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
     lines.append(f"{len(report.rows)} {report.unit}: {summary}")

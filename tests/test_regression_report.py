@@ -10,7 +10,9 @@ from nnx_pool.regression.report import (
   Report,
   Row,
   Timing,
+  aligned,
   render,
+  table,
   timing_lines,
   write_json,
 )
@@ -40,13 +42,24 @@ def test_stamp_header_names_versions_platform_device_and_git():
 
 
 def test_stamp_rows_put_every_value_side_by_side_and_mark_the_changes():
-  rows = {label: (before, after, changed) for label, before, after, changed in
-          stamp.stamp_rows(STAMP_A, STAMP_B)}
-  assert rows["jax"] == ("0.10.2", "0.9.2", True)
-  assert rows["chex"] == ("0.1.92", "0.1.92", False)
-  assert rows["git revision"] == ("eb143693f648", "unknown", False)  # unknown is no change
-  assert [f"{label} {a} -> {b}" for label, (a, b, changed) in rows.items() if changed] == (
-      stamp.stamp_changes(STAMP_A, STAMP_B))
+  # By hand from STAMP_A and STAMP_B: versions, then backend, then git, each by key; a value
+  # one side does not know (the wheel's git) is shown as unknown and is no change.
+  assert stamp.stamp_rows(STAMP_A, STAMP_B) == [
+      ("chex", "0.1.92", "0.1.92", False),
+      ("flax", "0.12.8", "0.12.5", True),
+      ("jax", "0.10.2", "0.9.2", True),
+      ("jaxlib", "0.10.2", "0.9.2", True),
+      ("numpy", "2.4.6", "2.4.6", False),
+      ("python", "3.11.7", "3.11.7", False),
+      ("device_count", "1", "1", False),
+      ("device_kind", "NVIDIA H200", "cpu", True),
+      ("platform", "gpu", "cpu", True),
+      ("git dirty", "False", "unknown", False),
+      ("git revision", "eb143693f648", "unknown", False),
+  ]
+  assert stamp.stamp_changes(STAMP_A, STAMP_B) == [
+      "flax 0.12.8 -> 0.12.5", "jax 0.10.2 -> 0.9.2", "jaxlib 0.10.2 -> 0.9.2",
+      "device_kind NVIDIA H200 -> cpu", "platform gpu -> cpu"]
 
 
 def test_an_unknown_value_is_shown_but_never_a_change():
@@ -77,6 +90,27 @@ def test_every_check_opens_with_one_header_per_side():
   diff = render(Report(command="diff", stamp=STAMP_B, baseline_stamp=STAMP_A)).splitlines()
   assert diff[:2] == ["A:        " + stamp.stamp_header(STAMP_A),
                       "B:        " + stamp.stamp_header(STAMP_B)]
+
+
+def test_table_cells_are_the_texts_that_both_renderers_lay_out():
+  rows = [Row("max_k2_one", "PASS", 0.0, 0.0, "exact"),
+          Row("avg", "FAIL", float("inf"), 2.5e-6, "rtol=1e-06 atol=1e-06"),
+          Row("gone_case", "GONE")]
+  assert table(rows) == [
+      ("case", "max abs err", "max rel err", "tolerance", "status"),
+      ("max_k2_one", "0", "0", "exact", "PASS"),
+      ("avg", "inf", "2.5e-06", "rtol=1e-06 atol=1e-06", "FAIL"),
+      ("gone_case", "-", "-", "", "GONE"),
+  ]
+  assert aligned(table(rows)) == [
+      "case        max abs err  max rel err  tolerance              status",
+      "max_k2_one  0            0            exact                  PASS",
+      "avg         inf          2.5e-06      rtol=1e-06 atol=1e-06  FAIL",
+      "gone_case   -            -                                   GONE",
+  ]
+  # A cell's markup (the page's link or colour) is not counted in its column's width.
+  assert aligned([("a", "bb"), ("ccc", "d")], lambda row, column, text: f"<{text}>") == [
+      "<a>    <bb>", "<ccc>  <d>"]
 
 
 def _timings(n_noisy: int) -> list[Timing]:
