@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -102,16 +103,9 @@ def _compare_exact_ints(actual: np.ndarray, expected: np.ndarray) -> Verdict:
   diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
   scale = np.abs(expected.astype(np.float64))
   rel = np.where(diff > 0, np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), np.inf), 0.0)
-  message = ""
-  if mismatches:
-    first = tuple(int(i) for i in np.argwhere(bad)[0])
-    message = (
-        f"{mismatches} of {size} elements differ (first at {first}: "
-        f"{actual[first].item()!r} vs baseline {expected[first].item()!r})"
-    )
   return Verdict(
       mismatches == 0, float(diff.max()) if size else 0.0, float(rel.max()) if size else 0.0,
-      mismatches, size, message,
+      mismatches, size, _differ(bad, actual, expected, lambda v: repr(v.item())),
   )
 
 
@@ -176,15 +170,19 @@ def _finish(a: np.ndarray, e: np.ndarray, tol: Tolerance, *, exact: bool) -> Ver
   max_rel = float(rel.max()) if size else 0.0
   if (bad & ~finite).any():
     max_abs = max_rel = math.inf
-  message = ""
-  if mismatches:
-    first = tuple(int(i) for i in np.argwhere(bad)[0])
-    message = (
-        f"{mismatches} of {size} elements differ (first at {first}: "
-        f"{_show(a[first])} vs baseline {_show(e[first])})"
-    )
-  return Verdict(mismatches == 0, max_abs, max_rel, mismatches, size, message)
+  return Verdict(mismatches == 0, max_abs, max_rel, mismatches, size,
+                 _differ(bad, a, e, lambda v: f"{float(v):.9g}"))
 
 
-def _show(value: float) -> str:
-  return f"{float(value):.9g}"
+def _differ(bad: np.ndarray, actual: np.ndarray, expected: np.ndarray,
+            show: Callable[[Any], str]) -> str:
+  """``2 of 18 elements differ (first at (0, 1, 2, 1): 1.5 vs baseline 1.25)``; "" if none.
+
+  ``show`` writes one element: integers as they are, floats to 9 significant digits.
+  """
+  mismatches = int(bad.sum())
+  if not mismatches:
+    return ""
+  first = tuple(int(i) for i in np.argwhere(bad)[0])
+  return (f"{mismatches} of {bad.size} elements differ (first at {first}: "
+          f"{show(actual[first])} vs baseline {show(expected[first])})")

@@ -113,36 +113,79 @@ def test_compare_raises_no_numpy_warnings():
 
 
 # ---------------------------------------------------------------- policy
+# What each tolerance must cover, derived here from the dtype's epsilon and the length of the
+# reduction it is there for, never read from tolerance.py's table.
+#
+# * eps is the spacing of the dtype's floats in [1, 2); u = eps / 2 rounds one operation.
+# * A sum of n terms in any order lies within (n - 1) u of the exact sum, relative to the sum
+#   of the magnitudes (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., eq.
+#   4.4). Two orders (the baseline's and this run's) then differ by at most (n - 1) eps; a
+#   chain of k further roundings adds k eps.
+# * float16 and bfloat16 are computed in float32 and rounded once (tolerance.py's stated
+#   policy): each run is within u of its float32 value, so two runs differ by one eps of the
+#   dtype, plus the float32 bound.
+# * A gradient carries the forward's error and adds a reduction of its own of as many terms
+#   (the backward of a window sums the cotangents of the up to 9 windows overlapping a cell):
+#   twice the forward's bound.
+EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+# Roundings of the forward, counted in eps as above (two runs): a window sums up to 9 cells
+# (3x3, the batch's largest window and adaptive bin); a whole-map mean up to 80 (the longest
+# the policy covers); a gate averages the batch's 5x7 map (35 cells), runs two matmuls over
+# 8 channels (8 terms each), a sigmoid (exp, division) and a product: 34 + 7 + 7 + 3.
+FORWARD_ROUNDINGS = {"window": 8, "global": 79, "gate": 51}
+# What each kind of case reduces: windows (also the gradient of an exact integer average and
+# of extreme magnitudes), whole maps, gates; a user's model is given a gate's budget.
+REDUCES = {"window": "window", "window_rel": "window", "exact_sum": "window", "global": "global",
+           "gate": "gate", "model": "gate"}
+# Not absurdly larger: at most 100x the forward's bound. The policy gives a gradient 4x its
+# forward's tolerance against a bound twice the forward's: the same headroom is 200x there.
+MOST = {"output": 100, "grad_input": 200, "grad_params": 200}
 
 
-@pytest.mark.parametrize(
-    ("kind", "role", "dtype", "rule", "rtol", "atol"),
-    [
-        ("select", "output", "float32", "exact", 0, 0),
-        ("select", "grad_input", "bfloat16", "exact", 0, 0),
-        ("select_ties", "grad_input", "float32", "sum", 0, 0),
-        ("select", "indices", "int32", "exact", 0, 0),
-        ("window", "output", "float32", "allclose", 1e-6, 1e-6),
-        ("window", "output", "float16", "allclose", 1e-3, 1e-3),
-        ("window", "output", "bfloat16", "allclose", 1e-2, 1e-2),
-        ("window", "output", "float64", "allclose", 1e-13, 1e-13),
-        ("window", "grad_input", "float32", "allclose", 4e-6, 4e-6),
-        ("window", "grad_input", "bfloat16", "allclose", 4e-2, 4e-2),
-        ("window", "output", "int8", "exact", 0, 0),
-        ("exact_sum", "output", "float32", "exact", 0, 0),
-        ("exact_sum", "grad_input", "float32", "allclose", 4e-6, 4e-6),
-        ("window_rel", "output", "float32", "allclose", 1e-6, float(np.finfo(np.float32).tiny)),
-        ("gate", "output", "float32", "allclose", 1e-5, 1e-5),
-        ("gate", "grad_params", "bfloat16", "allclose", 1e-1, 1e-1),
-        ("model", "output", "float32", "allclose", 1e-5, 1e-5),
-        ("model", "output", "bool", "exact", 0, 0),
-    ],
-)
-def test_tolerance_policy_numbers(kind, role, dtype, rule, rtol, atol):
-  dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-  tol = tolerance_for(kind, role, dt)
-  assert (tol.rule, tol.rtol, tol.atol) == (rule, rtol, atol)
-  assert tol.reason
+def _dtype(name: str) -> np.dtype:
+  return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _bound(roundings: int, dtype: str) -> float:
+  if dtype in ("float64", "float32"):
+    return roundings * EPS[dtype]
+  return roundings * EPS["float32"] + EPS[dtype]
+
+
+@pytest.mark.parametrize(("kind", "role", "dtype"), [
+    (kind, role, dtype) for kind in REDUCES for role in MOST for dtype in EPS
+    if (kind, role) != ("exact_sum", "output")  # exact: see the next test
+])
+def test_tolerance_covers_the_rounding_it_is_there_for_and_not_much_more(kind, role, dtype):
+  roundings = FORWARD_ROUNDINGS[REDUCES[kind]] * (1 if role == "output" else 2)
+  bound = _bound(roundings, dtype)
+  tol = tolerance_for(kind, role, _dtype(dtype))
+  assert tol.rule == "allclose" and tol.reason
+  assert bound <= tol.rtol <= MOST[role] * bound, (tol.rtol, bound, tol.rtol / bound)
+  if kind == "window_rel" and role == "output":
+    # Same-signed windows cannot cancel, so only a result below the smallest normal number
+    # loses its relative precision (a subnormal flushed to zero): it moves by at most that.
+    tiny = float(ml_dtypes.finfo(_dtype(dtype)).tiny)
+    assert tiny <= tol.atol <= 100 * tiny
+  else:
+    assert tol.atol == tol.rtol  # the batch's inputs are of order one
+
+
+@pytest.mark.parametrize(("kind", "role", "dtype", "rule"), [
+    # max and min select an input value, and their gradient scatters a small-integer
+    # cotangent that adds exactly in any order; under ties only the totals are pinned.
+    *[(kind, role, dtype, "sum" if kind == "select_ties" and role.startswith("grad") else "exact")
+      for kind in ("select", "select_ties") for role in ("output", "grad_input", "grad_params")
+      for dtype in EPS],
+    # Integer-valued inputs sum exactly, so their average is one correctly rounded division.
+    *[("exact_sum", "output", dtype, "exact") for dtype in EPS],
+    # Indices, integers and bools have no rounding, whatever the kind.
+    *[(kind, "indices", "int32", "exact") for kind in REDUCES],
+    *[(kind, "output", dtype, "exact") for kind in REDUCES for dtype in ("int8", "int32", "bool")],
+])
+def test_tolerance_exact_kinds_are_exact(kind, role, dtype, rule):
+  tol = tolerance_for(kind, role, _dtype(dtype))
+  assert (tol.rule, tol.rtol, tol.atol) == (rule, 0, 0) and tol.reason
 
 
 def test_tolerance_user_override_applies_to_models_only():
