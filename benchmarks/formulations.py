@@ -1,4 +1,4 @@
-"""The max-pool adjoint, four ways: the evidence for the one ``nnx_pool._kernels`` ships.
+"""The max-pool adjoint, four ways: the evidence for the one ``nnx_pool._adjoint`` ships.
 
 A differentiated max stores each output's winning window offset; the backward
 adds each output's cotangent to the input cell its offset names. Four exact
@@ -37,8 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nnx_pool import MaxPool, _kernels
+from nnx_pool import MaxPool
+from nnx_pool._adjoint import scatter
 from nnx_pool._geometry import Window, effective_window
+from nnx_pool._select import arg_select
 
 
 def interior(ct, arg, geom):
@@ -97,7 +99,7 @@ def gather(ct, arg, geom):
 
 
 def recompute(ct, x, geom):
-  _, arg = _kernels._arg_select(x, geom, "max", shared_pad=True)
+  _, arg = arg_select(x, geom, "max", shared_pad=True)
   return gather(ct, arg, geom)
 
 
@@ -123,15 +125,15 @@ def main(argv=None) -> None:
   shape = tuple(int(v) for v in args.shape.split(","))
   geom = Window.create(3, 2, 1, num_spatial_dims=2).resolve(shape[1:-1])
   x = jax.random.normal(jax.random.key(0), shape, jnp.float32)
-  values, arg = jax.jit(lambda x: _kernels._arg_select(x, geom, "max", shared_pad=True))(x)
+  values, arg = jax.jit(lambda x: arg_select(x, geom, "max", shared_pad=True))(x)
   ct = jax.random.normal(jax.random.key(1), values.shape, jnp.float32)
   candidates = {
-      "phase": (lambda ct, arg: _kernels._scatter(ct, geom, arg), arg),
+      "phase": (lambda ct, arg: scatter(ct, geom, arg), arg),
       "interior": (functools.partial(interior, geom=geom), arg),
       "gather": (functools.partial(gather, geom=geom), arg),
       "recompute": (functools.partial(recompute, geom=geom), x),
   }
-  want = np.asarray(_kernels._scatter(ct, geom, arg))
+  want = np.asarray(scatter(ct, geom, arg))
   compiled = {}
   for name, (fn, second) in candidates.items():
     start = time.perf_counter()

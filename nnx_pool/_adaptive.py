@@ -18,7 +18,7 @@ How it is computed (all bin geometry is static, known at trace time):
 * an output of 1 in every dim is a global pool: one reduction;
 * when every dim divides (``L % T == 0``) and a bin has at most 64 cells, the
   bins are the windows of a strided pool (stride = window), run on the shared
-  window kernels of :mod:`nnx_pool._kernels`;
+  window kernels (:mod:`nnx_pool._separable`);
 * otherwise each spatial dim is grouped into ``(T, K)`` bin slots (``K`` the
   longest bin: a reshape when the dim divides, else a gather along that dim
   alone) and the slots are reduced, one dim after another. A bin box is the
@@ -43,28 +43,17 @@ split it between them).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jax import lax
 
+from nnx_pool._adjoint import bins_select
 from nnx_pool._args import check_bool, check_num_spatial_dims, flax_names, is_int
 from nnx_pool._geometry import adaptive_bins, adaptive_window, spatial_dims
-from nnx_pool._kernels import (
-  accumulation_dtype,
-  arg_extremum,
-  flat_indices,
-  kernel,
-  select,
-  spatial_mean,
-  true_divide,
-  window_sum,
-)
+from nnx_pool._jit import kernel
 from nnx_pool._layout import (
   DtypeKind,
   check_in_features,
@@ -73,6 +62,10 @@ from nnx_pool._layout import (
   prepare,
   unbatch,
 )
+from nnx_pool._numerics import accumulation_dtype, mean, spatial_mean, true_divide
+from nnx_pool._select import arg_extremum_over_bins, flat_indices
+from nnx_pool._separable import select, window_sum
+from nnx_pool._taps import along, bin_slots
 
 _POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")
 # The largest window (in cells) for which a divisible adaptive pool runs on the
@@ -111,38 +104,6 @@ def _resolve_out_shape(sizes: tuple[int | None, ...], spatial: tuple[int, ...]) 
 
 
 # ----------------------------------------------------------------------------
-# Static bin geometry.
-# ----------------------------------------------------------------------------
-
-
-def _group(a: jax.Array, axis: int, length: int, out: int):
-  """Splits ``axis`` of ``a`` into ``(out, K)`` bin slots; ``K`` is the longest bin.
-
-  Returns ``(grouped, start, end, valid)``: the grouped array (one more axis,
-  right after ``axis``), each bin's ``[start, end)`` and a ``(out, K)`` mask of
-  the slots that hold a cell of their bin. A divisible dim is a plain reshape
-  with every slot valid; otherwise a gather whose surplus slots repeat the
-  bin's last cell.
-  """
-  start, end = adaptive_bins(length, out)
-  if length % out == 0:
-    k = length // out
-    shape = a.shape[:axis] + (out, k) + a.shape[axis + 1:]
-    return a.reshape(shape), start, end, None
-  k = int((end - start).max())
-  slots = np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1)
-  valid = start[:, None] + np.arange(k)[None, :] < end[:, None]
-  return jnp.take(a, slots, axis=axis), start, end, valid
-
-
-def _along(vector: np.ndarray, axis: int, ndim: int) -> np.ndarray:
-  """Reshapes a 1-D ``vector`` to broadcast along ``axis`` of a rank-``ndim`` array."""
-  shape = [1] * ndim
-  shape[axis] = vector.shape[0]
-  return vector.reshape(shape)
-
-
-# ----------------------------------------------------------------------------
 # Reductions on batched (N, *spatial, C) arrays.
 # ----------------------------------------------------------------------------
 
@@ -152,7 +113,7 @@ def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
   """PyTorch's adaptive average pool of a batched float ``x`` to ``out_shape``."""
   spatial = x.shape[1:-1]
   if all(t == 1 for t in out_shape):
-    return spatial_mean(x)
+    return mean(x, range(1, x.ndim - 1))
   total = x.astype(accumulation_dtype(x.dtype))
   geom = adaptive_window(spatial, out_shape, _MAX_WINDOW_CELLS)
   if geom is not None:
@@ -160,7 +121,7 @@ def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
   else:
     for axis, (length, out) in enumerate(zip(spatial, out_shape, strict=True), start=1):
       if length != out:
-        grouped, _, _, valid = _group(total, axis, length, out)
+        grouped, _, _, valid = bin_slots(total, axis, length, out)
         if valid is not None:  # surplus slots repeat a cell: drop them from the sum
           mask = valid.reshape((1,) * axis + valid.shape + (1,) * (grouped.ndim - axis - 2))
           grouped = jnp.where(mask, grouped, jnp.zeros((), grouped.dtype))
@@ -169,80 +130,8 @@ def adaptive_avg(x: jax.Array, out_shape: tuple[int, ...]) -> jax.Array:
   for axis, (length, out) in enumerate(zip(spatial, out_shape, strict=True), start=1):
     if length != out:
       start, end = adaptive_bins(length, out)
-      total = true_divide(total, _along(end - start, axis, total.ndim))
+      total = true_divide(total, along(end - start, axis, total.ndim))
   return total.astype(x.dtype)
-
-
-def _max_and_index(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
-  """Forward of the adaptive max: values and int32 flat per-plane indices.
-
-  Dims are reduced from the last to the first; each stage keeps, per output,
-  the maximum and the flat index of its cell within the dims reduced so far.
-  The stage-wise winner is the box's winner: the first maximum (last NaN) in
-  row-major order lies in the first row holding the maximum (the last row
-  holding a NaN). An output of 1 everywhere is one stage over the whole plane.
-  """
-  n, spatial, c = x.shape[0], x.shape[1:-1], x.shape[-1]
-  result_shape = (n, *out_shape, c)
-  if all(t == 1 for t in out_shape):
-    x = x.reshape(n, math.prod(spatial), c)  # not -1: N or C may be 0
-    spatial, out_shape = x.shape[1:-1], (1,)
-  values, index, plane_stride = x, None, 1
-  for axis in reversed(range(1, x.ndim - 1)):
-    length, out = spatial[axis - 1], out_shape[axis - 1]
-    if length == out:
-      coord = lax.broadcasted_iota(jnp.int32, values.shape, axis)
-    else:
-      grouped, start, end, _ = _group(values, axis, length, out)
-      values, slot = arg_extremum(grouped, axis + 1, "max")
-      if index is not None:
-        chosen = lax.broadcasted_iota(jnp.int32, grouped.shape, axis + 1) == jnp.expand_dims(
-            slot, axis + 1)
-        index = jnp.sum(jnp.where(chosen, _group(index, axis, length, out)[0], 0), axis=axis + 1)
-      # A surplus slot repeats its bin's last cell (and wins only as the last NaN).
-      first = jnp.asarray(_along(start, axis, slot.ndim), jnp.int32)
-      last = jnp.asarray(_along(end - 1, axis, slot.ndim), jnp.int32)
-      coord = jnp.minimum(first + slot, last)
-    term = coord * plane_stride
-    index = term if index is None else index + term
-    plane_stride *= length
-  return values.reshape(result_shape), index.reshape(result_shape)
-
-
-def _take_plane(t: jax.Array, index: jax.Array) -> jax.Array:
-  """``t[n, index[n, ..., c], c]``: cells of each (n, c) plane at flat per-plane indices.
-
-  One index per plane (a global max) selects with a mask and a sum over the
-  plane rather than a gather: with the plane sharded over devices that is a
-  plain all-reduce, where a gather's output sharding would be ambiguous. The
-  sum is exact (one term is not zero) but for the sign of a zero: a selected
-  -0.0 comes back as +0.0.
-  """
-  n, c = t.shape[0], t.shape[-1]
-  plane, picks = math.prod(t.shape[1:-1]), math.prod(index.shape[1:-1])
-  flat_t, flat_index = t.reshape(n, plane, c), index.reshape(n, picks, c)  # not -1: N, C may be 0
-  if picks == 1:
-    cell = lax.broadcasted_iota(jnp.int32, flat_t.shape, 1)
-    flat = jnp.sum(jnp.where(cell == flat_index, flat_t, jnp.zeros((), t.dtype)), axis=1,
-                   keepdims=True)
-  else:
-    flat = jnp.take_along_axis(flat_t, flat_index, axis=1)
-  return flat.reshape(index.shape)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _max_select(x: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
-  """:func:`_max_and_index` whose derivative is the derivative of the indexed cell."""
-  return _max_and_index(x, out_shape)
-
-
-@_max_select.defjvp
-def _max_select_jvp(out_shape, primals, tangents):
-  (x,), (t,) = primals, tangents
-  _, index = _max_and_index(x, out_shape)
-  # Values picked at the index, so that higher derivatives follow it too.
-  values = _take_plane(x, index)
-  return (values, index), (_take_plane(t, index), np.zeros(index.shape, jax.dtypes.float0))
 
 
 @kernel(static_argnums=(1, 2))
@@ -259,9 +148,9 @@ def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool 
     values, offset = select(x, geom, "max", return_indices)
     return (values, flat_indices(offset, geom)) if return_indices else values
   if jnp.issubdtype(x.dtype, jnp.floating):
-    values, index = _max_select(x, out_shape)
+    values, index = bins_select(x, out_shape, "max")
   else:
-    values, index = _max_and_index(x, out_shape)
+    values, index = arg_extremum_over_bins(x, out_shape, "max")
   return (values, index) if return_indices else values
 
 

@@ -2,7 +2,7 @@
 
 Two formulations of the same window sums and maxima:
 
-* ``"taps"``: the kernels of :mod:`nnx_pool._kernels`, one strided view per window
+* ``"taps"``: the kernels of :mod:`nnx_pool._taps`, one strided view per window
   tap fused into one loop, with the phase-scatter adjoints. Tuned and measured on
   XLA:CPU (docs/benchmarks.md), and the reference for every semantic rule.
 * ``"xla"``: XLA's own ``reduce_window`` for the forward, differentiated by JAX

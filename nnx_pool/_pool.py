@@ -29,11 +29,14 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool import _kernels
 from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names
 from nnx_pool._backend import current_implementation
-from nnx_pool._geometry import MAX_SIZE, PaddingLike, Window
+from nnx_pool._geometry import MAX_SIZE, Geometry, PaddingLike, Window
+from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_plane_indexable, prepare, unbatch
+from nnx_pool._numerics import accumulation_dtype, true_divide
+from nnx_pool._select import Kind, flat_indices, identity
+from nnx_pool._separable import select, window_sum
 
 
 def _spatial(divisor: np.ndarray) -> np.ndarray:
@@ -54,36 +57,54 @@ def _check_divisor_override(value) -> int | None:
 # ----------------------------------------------------------------------------
 
 
-# The arithmetic around the window kernels runs in one compiled program per call
-# signature too (kernel() jits with the static arguments), so an eager call is one
-# dispatch, not one per operation.
+# Each call runs one kernel (one jit, see nnx_pool._jit): the arithmetic around the
+# window reductions is compiled with them, so an eager call is one dispatch.
 
 
-@_kernels.kernel(static_argnums=(1, 2, 3, 4))
-def _average(x, geom, count_include_pad: bool, divisor_override, implementation: str):
-  total = _kernels.window_sum(x.astype(_kernels.accumulation_dtype(x.dtype)), geom,
-                              implementation)
+def _reduce_window(x, geom: Geometry, init, op) -> jax.Array:
+  """XLA's ``reduce_window`` over the windows of ``geom`` (the ``"xla"`` implementation)."""
+  one = (1,)
+  return lax.reduce_window(
+      x, np.asarray(init, x.dtype), op, one + geom.window + one,
+      one + tuple(d.stride for d in geom.dims) + one, ((0, 0), *geom.pads, (0, 0)),
+      window_dilation=one + tuple(d.dilation for d in geom.dims) + one)
+
+
+def _window_sum(x, geom: Geometry, implementation: str) -> jax.Array:
+  """Sum of every window: the taps, or with ``"xla"`` XLA's ``reduce_window`` (_backend)."""
+  if implementation == "xla":
+    return _reduce_window(x, geom, 0, lax.add)
+  return window_sum(x, geom)
+
+
+@kernel(static_argnums=(1, 2, 3, 4))
+def window_average(x, geom, count_include_pad: bool, divisor_override, implementation: str):
+  total = _window_sum(x.astype(accumulation_dtype(x.dtype)), geom, implementation)
   if divisor_override is not None:
     divisor = np.asarray(divisor_override)
   else:
     divisor = geom.divisor(count_include_pad=count_include_pad)
-  return _kernels.true_divide(total, _spatial(divisor)).astype(x.dtype)
+  return true_divide(total, _spatial(divisor)).astype(x.dtype)
 
 
-@_kernels.kernel(static_argnums=(1, 2, 3, 4))
-def _extremum(x, geom, kind: _kernels.Kind, return_indices: bool, implementation: str):
-  values, arg = _kernels.select(x, geom, kind, return_indices, implementation)
-  return (values, _kernels.flat_indices(arg, geom)) if return_indices else values
+@kernel(static_argnums=(1, 2, 3, 4))
+def window_extremum(x, geom, kind: Kind, return_indices: bool, implementation: str):
+  if implementation == "xla" and not return_indices and all(d.dilation == 1 for d in geom.dims):
+    # XLA's own max (min), differentiated by JAX. JAX has no gradient for a dilated one,
+    # and only the taps compute window offsets, so those stay on the taps.
+    return _reduce_window(x, geom, identity(x.dtype, kind), lax.max if kind == "max" else lax.min)
+  values, arg = select(x, geom, kind, return_indices)
+  return (values, flat_indices(arg, geom)) if return_indices else values
 
 
-@_kernels.kernel(static_argnums=(1, 2, 3, 4))
-def _lp_norm(x, geom, norm_type: float, size: int, implementation: str):
+@kernel(static_argnums=(1, 2, 3, 4))
+def window_lp_norm(x, geom, norm_type: float, size: int, implementation: str):
   p = norm_type
-  xa = x.astype(_kernels.accumulation_dtype(x.dtype))
+  xa = x.astype(accumulation_dtype(x.dtype))
   powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
   # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
   cells = _spatial(geom.divisor(count_include_pad=True))
-  mean = _kernels.true_divide(_kernels.window_sum(powered, geom, implementation), cells)
+  mean = true_divide(_window_sum(powered, geom, implementation), cells)
   return jnp.power(mean * float(size), 1.0 / p).astype(x.dtype)
 
 
@@ -98,11 +119,11 @@ def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_f
   x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
                      owner=owner)
   geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE["avg"].get(name))
-  y = _average(x, geom, count_include_pad, divisor_override, current_implementation())
+  y = window_average(x, geom, count_include_pad, divisor_override, current_implementation())
   return unbatch(y, batch)
 
 
-def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, in_features,
+def _select(inputs, window: Window, kind: Kind, return_indices: bool, in_features,
             name, owner=None):
   x, batch = prepare(inputs, window.ndim, kind="ordered", module=name, in_features=in_features,
                      owner=owner)
@@ -110,14 +131,14 @@ def _select(inputs, window: Window, kind: _kernels.Kind, return_indices: bool, i
     check_plane_indexable(
         x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
   geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE[kind].get(name))
-  return unbatch(_extremum(x, geom, kind, return_indices, current_implementation()), batch)
+  return unbatch(window_extremum(x, geom, kind, return_indices, current_implementation()), batch)
 
 
 def _lp(inputs, window: Window, norm_type: float, in_features, name, owner=None):
   x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
                      owner=owner)
   geom = window.resolve(x.shape[1:-1], name, takes_padding=False)
-  y = _lp_norm(x, geom, norm_type, window.size, current_implementation())
+  y = window_lp_norm(x, geom, norm_type, window.size, current_implementation())
   return unbatch(y, batch)
 
 
@@ -175,7 +196,7 @@ def avg_pool(
               "avg_pool")
 
 
-def _select_pool(kind: _kernels.Kind, inputs, window_shape, strides, padding, num_spatial_dims,
+def _select_pool(kind: Kind, inputs, window_shape, strides, padding, num_spatial_dims,
                  dilation, ceil_mode, return_indices, in_features):
   _check_strides_given(strides, window_shape, kind)
   window = Window.create(window_shape, strides, padding, dilation=dilation, ceil_mode=ceil_mode,
@@ -301,7 +322,7 @@ class AvgPool(nnx.Module):
 class _SelectPool(nnx.Module):
   """Max or min pooling: the extremum of each window, optionally with its index."""
 
-  _kind: _kernels.Kind
+  _kind: Kind
 
   @flax_names
   def __init__(

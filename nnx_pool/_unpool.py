@@ -17,7 +17,7 @@ from flax import nnx
 
 from nnx_pool._args import flax_names
 from nnx_pool._geometry import PaddingLike, Window, as_tuple, effective_window
-from nnx_pool._kernels import kernel
+from nnx_pool._jit import kernel
 from nnx_pool._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
 
 

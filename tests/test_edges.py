@@ -1,5 +1,6 @@
-"""Edges of the geometry and the kernels that a mutation pass over _geometry.py and _kernels.py
-found untested (2026-12-03; 100 hand-applied mutants, see the issue 12 closing note).
+"""Edges of the geometry and the kernels that a mutation pass over _geometry.py and the kernels
+(then _kernels.py, since split into _taps, _select, _adjoint and _separable) found untested
+(2026-12-03; 100 hand-applied mutants, see the issue 12 closing note).
 
 Each expectation is derived by hand from the rule it names (PyTorch's Pool.h output size,
 lax's SAME padding, the float32 rounding of a division) and written out; the comment
@@ -102,10 +103,10 @@ def test_mut_avg_pool_grad_tiling_windows_with_low_padding():
 
 
 def test_mut_window_sum_grad_dilated_tiling_geometry():
-  from nnx_pool import _kernels as K
+  from nnx_pool._separable import window_sum
   # k3 s3 d2 over L=9: out 2, taps {0, 2, 4} and {3, 5, 7}; per-dim hit counts below.
   geom = Window.create((3, 3), 3, dilation=2).resolve((9, 9))
-  g = jax.grad(lambda v: K.window_sum(v, geom).sum())(jnp.ones((1, 9, 9, 1)))[0, :, :, 0]
+  g = jax.jit(jax.grad(lambda v: window_sum(v, geom).sum()))(jnp.ones((1, 9, 9, 1)))[0, :, :, 0]
   hits = np.array([1, 0, 1, 1, 1, 1, 0, 1, 0], np.float32)
   np.testing.assert_array_equal(g, np.outer(hits, hits))
 
@@ -118,11 +119,11 @@ def test_mut_avg_pool_divides_correctly_rounded():
 
 
 def test_mut_extremum_propagates_nan_on_ynnpack_shapes():
-  from nnx_pool import _kernels as K
+  from nnx_pool._select import extremum
   # jaxlib 0.10.2 CPU drops NaN from a jitted jnp.max over (1, 2) of a (1, 8, 8, 64) array.
   x = np.random.default_rng(0).normal(size=(1, 8, 8, 64)).astype(np.float32)
   x[0, 0, 0, 5] = np.nan
-  got = np.asarray(jax.jit(lambda v: K.extremum(v, (1, 2), "max"))(x))
+  got = np.asarray(jax.jit(lambda v: extremum(v, (1, 2), "max"))(x))
   want = np.max(x, axis=(1, 2))  # NumPy propagates NaN
   np.testing.assert_array_equal(got, want)
   assert np.isnan(got[0, 5])

@@ -1,9 +1,10 @@
-"""Tests for the separable path of the window kernels (nnx_pool._kernels).
+"""Tests for the window reductions: the taps (nnx_pool._taps), the box-by-box select
+(nnx_pool._select) and the separable path (nnx_pool._separable).
 
 Windows over ``UNROLL_LIMIT`` taps are reduced one spatial dim at a time. The
-oracles are the unrolled kernels (``_arg_select``, ``_window_select``,
-``_window_sum``, called directly on the large window) and the NumPy mirror
-in :mod:`nnx_pool.reference`.
+oracles are the NumPy mirror in :mod:`nnx_pool.reference` and, for the separable
+path, the unrolled kernels (``arg_select``, ``tap_select``, ``tap_sum``, called
+directly on the large window).
 """
 
 import functools
@@ -15,8 +16,11 @@ import pytest
 from jax.extend import core as jcore
 
 from nnx_pool import AvgPool, MaxPool, reference
-from nnx_pool import _kernels as K
+from nnx_pool._adjoint import tap_select, tap_sum
 from nnx_pool._geometry import Window
+from nnx_pool._select import arg_select, arg_select_boxes, flat_indices, offset_dtype_for
+from nnx_pool._separable import UNROLL_LIMIT, select, separable_select, separable_sum, window_sum
+from nnx_pool._taps import boxes, taps
 
 # (window, strides, padding as (low, high) pairs or "VALID", dilation, ceil_mode, input shape)
 CASES = {
@@ -46,28 +50,32 @@ def _ref_kwargs(case):
 
 
 def _select(x, geom, kind):
-  """The separable select, through the public entry point when the window is large."""
-  if geom.size > K.UNROLL_LIMIT:
-    return K.select(x, geom, kind)
+  """The separable select, through the entry point (``select``) when the window is large."""
+  if geom.size > UNROLL_LIMIT:
+    return select(x, geom, kind)
   floating = bool(jnp.issubdtype(x.dtype, jnp.floating))
-  return jax.jit(K._separable_select, static_argnums=(1, 2, 3))(x, geom, kind, floating)
+  return separable_select(x, geom, kind, floating)
 
 
 def _sum(x, geom):
-  """The separable sum, through the public entry point when the window is large."""
-  if geom.size > K.UNROLL_LIMIT:
-    return K.window_sum(x, geom)
-  return jax.jit(K._separable_sum, static_argnums=1)(x, geom)
+  """The separable sum, through the entry point (``window_sum``) when the window is large."""
+  if geom.size > UNROLL_LIMIT:
+    return window_sum(x, geom)
+  return separable_sum(x, geom)
+
+
+def _jit_select(x, geom, kind):
+  return jax.jit(_select, static_argnums=(1, 2))(x, geom, kind)
 
 
 def _window_select(x, geom, kind):
-  return K._window_select(x, geom, kind, True)
+  return tap_select(x, geom, kind, True)
 
 
 def _unrolled_select(x, geom, kind):
   if jnp.issubdtype(x.dtype, jnp.floating):
     return jax.jit(_window_select, static_argnums=(1, 2))(x, geom, kind)
-  return jax.jit(functools.partial(K._arg_select, shared_pad=True), static_argnums=(1, 2))(
+  return jax.jit(functools.partial(arg_select, shared_pad=True), static_argnums=(1, 2))(
       x, geom, kind)
 
 
@@ -107,8 +115,8 @@ def test_both_tap_spellings_read_the_same_cells(length, window, stride, dilation
   geom = Window.create((window, 3), (stride, 2), (padding, (1, 1)), dilation=(dilation, 1),
                        ceil_mode=ceil_mode).resolve((length, 6))
   x = jnp.arange(2 * length * 6 * 3, dtype=jnp.float32).reshape(2, length, 6, 3)
-  phases = list(K.taps(x, geom, -7.0, shared_pad=False))
-  shared = list(K.taps(x, geom, -7.0, shared_pad=True))
+  phases = list(taps(x, geom, -7.0, shared_pad=False))
+  shared = list(taps(x, geom, -7.0, shared_pad=True))
   assert len(phases) == len(shared) == geom.size
   for j, (a, b) in enumerate(zip(phases, shared, strict=True)):
     assert a.shape == b.shape == (2, *geom.out_shape, 3), j
@@ -129,8 +137,14 @@ LOW_BORDER = {
 }
 
 
+def _boxed_indices(x, geom, kind):
+  """The box-by-box select's values, flat indices and window offsets."""
+  values, offsets = arg_select_boxes(x, geom, kind)
+  return values, flat_indices(offsets, geom), offsets
+
+
 @pytest.mark.parametrize("case", list(LOW_BORDER))
-def test_box_by_box_select_equals_the_padded_copy_bit_for_bit(case):
+def test_box_by_box_select_matches_the_mirror(case):
   window, strides, padding, dilation, shape = LOW_BORDER[case]
   geom = Window.create(window, strides, padding, dilation=dilation).resolve(shape[1:-1])
   # Tap j of window q reads coordinate q * stride + j * dilation - pad_low of its dim.
@@ -139,27 +153,30 @@ def test_box_by_box_select_equals_the_padded_copy_bit_for_bit(case):
                                           strict=True)]
   assert all((p < n).all() for p, n in zip(reads, shape[1:-1], strict=True)), "a high border"
   assert any((p < 0).any() for p in reads), "no low border"
-  boxes = K._boxes(geom)
-  assert boxes is not None and len(boxes) > 1
+  parts = boxes(geom)
+  assert parts is not None and len(parts) > 1
   # The boxes partition the output: every position in exactly one.
   cover = np.zeros(geom.out_shape, np.int64)
-  for box in boxes:
+  for box in parts:
     cover[tuple(slice(q0, q1) for q0, q1 in box)] += 1
   np.testing.assert_array_equal(cover, 1)
   # The last box is the interior: every tap of its windows on a real cell.
-  for (q0, q1), p in zip(boxes[-1], reads, strict=True):
+  for (q0, q1), p in zip(parts[-1], reads, strict=True):
     assert (p[q0:q1] >= 0).all(), case
+  # Values and PyTorch's flat indices against the NumPy mirror (PyTorch's scan, cell by
+  # cell), on ties, NaN, infinities, whole -inf windows and integers.
+  boxed = jax.jit(_boxed_indices, static_argnums=(1, 2))
   for kind in ("max", "min"):
-    boxed = jax.jit(K._arg_select_boxes, static_argnums=(1, 2))
-    padded = jax.jit(functools.partial(K._arg_select, shared_pad=True), static_argnums=(1, 2))
+    mirror = reference.max_pool if kind == "max" else reference.min_pool
     for name, x in _inputs(shape, seed=14).items():
       if name == "int8":  # int32 stands for the integers: one compile fewer per case
         continue
-      values, offsets = boxed(x, geom, kind)
-      want_values, want_offsets = padded(x, geom, kind)
-      np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values), err_msg=name)
-      np.testing.assert_array_equal(np.asarray(offsets), np.asarray(want_offsets), err_msg=name)
-      assert offsets.dtype == want_offsets.dtype, name
+      values, indices, offsets = boxed(x, geom, kind)
+      want_values, want_indices = mirror(x, window, strides, padding, dilation=dilation)
+      np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=name)
+      np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=name)
+      assert values.dtype == x.dtype, name
+      assert offsets.dtype == np.int8, name  # at most 27 taps: int8 offsets
 
 
 @pytest.mark.parametrize(("window", "strides", "padding", "length"), [
@@ -170,19 +187,18 @@ def test_box_by_box_select_equals_the_padded_copy_bit_for_bit(case):
 def test_no_boxes_where_a_window_reaches_past_the_end_or_none_starts_in_padding(
     window, strides, padding, length):
   geom = Window.create(window, strides, padding).resolve((length, length))
-  assert K._boxes(geom) is None
+  assert boxes(geom) is None
 
 
 def test_dispatch_on_tap_count():
   """Over UNROLL_LIMIT taps the public kernels are separable; at or under it, unrolled."""
-  assert all(_geom(case).size > K.UNROLL_LIMIT for case in IDS if case != "12x5-ceil-pad")
+  assert all(_geom(case).size > UNROLL_LIMIT for case in IDS if case != "12x5-ceil-pad")
   geom = _geom("12x5-ceil-pad")
-  assert geom.size <= K.UNROLL_LIMIT
+  assert geom.size <= UNROLL_LIMIT
   x = jnp.asarray(_inputs(CASES["12x5-ceil-pad"][-1], seed=0)["normal"])
-  public = jax.make_jaxpr(lambda x: K.select(x, geom, "max"))(x)
-  unrolled = jax.make_jaxpr(lambda x: jax.jit(_window_select, static_argnums=(1, 2))(
-      x, geom, "max"))(x)
-  assert _count_equations(public.jaxpr) == _count_equations(unrolled.jaxpr)
+  entry = jax.make_jaxpr(lambda x: select(x, geom, "max"))(x)
+  unrolled = jax.make_jaxpr(lambda x: _window_select(x, geom, "max"))(x)
+  assert _count_equations(entry.jaxpr) == _count_equations(unrolled.jaxpr)
 
 
 # 12x6 is left to the reference test: XLA:CPU takes minutes to compile its unrolled oracle.
@@ -191,10 +207,10 @@ def test_dispatch_on_tap_count():
 def test_select_matches_unrolled_bit_for_bit(case, kind):
   geom = _geom(case)
   for name, x in _inputs(CASES[case][-1], seed=IDS.index(case)).items():
-    values, offsets = _select(jnp.asarray(x), geom, kind)
+    values, offsets = _jit_select(jnp.asarray(x), geom, kind)
     want_values, want_offsets = _unrolled_select(jnp.asarray(x), geom, kind)
     assert values.dtype == want_values.dtype and offsets.dtype == want_offsets.dtype, name
-    assert offsets.dtype == K.offset_dtype_for(geom), name
+    assert offsets.dtype == offset_dtype_for(geom), name
     np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values), err_msg=name)
     np.testing.assert_array_equal(np.asarray(offsets), np.asarray(want_offsets), err_msg=name)
 
@@ -206,8 +222,8 @@ def test_select_matches_reference(case, kind):
   args, kwargs = _ref_kwargs(case)
   mirror = reference.max_pool if kind == "max" else reference.min_pool
   for name, x in _inputs(CASES[case][-1], seed=1).items():
-    values, offsets = _select(jnp.asarray(x), geom, kind)
-    indices = K.flat_indices(offsets, geom)
+    values, offsets = _jit_select(jnp.asarray(x), geom, kind)
+    indices = flat_indices(offsets, geom)
     want_values, want_indices = mirror(x, **args, **kwargs)
     np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=name)
     np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=name)
@@ -264,7 +280,8 @@ def test_select_second_derivative_is_zero():
   geom = _geom("9x9-overlap-pad")
   x = jnp.asarray(_inputs(CASES["9x9-overlap-pad"][-1], seed=8)["normal"])
   v = jnp.ones_like(x)
-  hvp = jax.jvp(jax.grad(lambda x: K.select(x, geom, "max")[0].sum()), (x,), (v,))[1]
+  hvp = jax.jit(lambda x, v: jax.jvp(jax.grad(lambda x: select(x, geom, "max")[0].sum()), (x,),
+                                      (v,))[1])(x, v)
   np.testing.assert_array_equal(np.asarray(hvp), 0.0)
 
 
@@ -275,15 +292,15 @@ def test_window_sum_matches_unrolled_and_reference(case):
   window, strides, padding, dilation, _, shape = CASES[case]
   # Multiples of 1/8: float32 sums are exact in any order, so both paths agree to 1e-6.
   x = _inputs(shape, seed=9)["int32"].astype(np.float32) / 8
-  total = _sum(jnp.asarray(x), geom)
-  unrolled = jax.jit(K._window_sum, static_argnums=1)
+  total = jax.jit(_sum, static_argnums=1)(jnp.asarray(x), geom)
+  unrolled = jax.jit(tap_sum, static_argnums=1)
   want = unrolled(jnp.asarray(x), geom)
   np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
   g = np.random.default_rng(10).integers(-4, 5, total.shape).astype(np.float32) / 8
   # Each transformation compiled once (run eagerly, it would compile op by op).
   vjp_of = lambda fn: jax.jit(lambda x, ct: jax.vjp(fn, x)[1](ct)[0])  # noqa: E731
   grad = vjp_of(lambda x: _sum(x, geom))(x, g)
-  want_grad = vjp_of(lambda x: K._window_sum(x, geom))(x, g)
+  want_grad = vjp_of(lambda x: tap_sum(x, geom))(x, g)
   np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
   # Normal floats: the summation order differs, so float32 rounding differs slightly.
   t = _inputs(shape, seed=11)["normal"]

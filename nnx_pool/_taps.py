@@ -1,0 +1,179 @@
+"""What each window tap reads: strided views of the input, in row-major window order.
+
+A window of ``k`` taps is unrolled into ``k`` strided views of the input, one per
+window offset, and XLA fuses them and the elementwise reduction over them into one
+loop. Each view is spelt one of two ways (:func:`taps`): a stride phase shifted by
+a small pad, which XLA CPU fuses when the views have one consumer (sums, a max or
+min without offsets), or a slice of one shared padded copy, when they feed both the
+values and the window offsets (a differentiated max or min, or ``return_indices``).
+XLA CPU computes those two in separate loops and materialises the padded copy, so
+for the gradient, where only the first windows of a dim reach padding (the ResNet
+stem's 3x3/2 pad 1 on an even map), the outputs are split into boxes
+(:func:`boxes`): the interior reads plain strided slices of the input, which both
+loops read in place, and only the thin borders pad a slab of their own.
+
+The adaptive pools' bins are read the same way, as slots (:func:`bin_slots`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from nnx_pool._geometry import DimGeometry, Geometry, adaptive_bins
+
+
+def _tap_phases(d: DimGeometry) -> list[tuple[int, int, int]]:
+  """Per window tap along one dim: ``(phase, low, high)``.
+
+  Tap ``j`` of output ``q`` reads input ``q * stride + j * dilation - pad_low``,
+  which is element ``q + shift`` of the stride phase ``x[phase::stride]``
+  (``shift`` and ``phase`` the floor quotient and remainder of
+  ``j * dilation - pad_low`` by the stride). The tap is that phase padded by
+  ``low = -shift`` and ``high`` cells (negative: cropped) to ``out`` cells.
+  """
+  result = []
+  for j in range(d.window):
+    shift, phase = divmod(j * d.dilation - d.pad_low, d.stride)
+    cells = -(-(d.length - phase) // d.stride)  # len(x[phase::stride])
+    result.append((phase, -shift, d.out - cells + shift))
+  return result
+
+
+def taps(x: jax.Array, geom: Geometry, value, *, shared_pad: bool) -> Iterator[jax.Array]:
+  """Yields what each window tap reads, in row-major tap order, shape ``(N, *out, C)``.
+
+  Two spellings of the same arrays, ``value`` where a tap reads padding:
+
+  * ``shared_pad=False``: a stride phase of the unpadded input, shifted into
+    place by a small pad (or crop). When each tap has one consumer XLA CPU fuses
+    these pads into it, and no padded copy of the input is materialised.
+  * ``shared_pad=True``: strided slices of one padded copy of the input. When
+    the taps feed two computations (the values and the window offsets of a
+    differentiated max), XLA would materialise every shifted phase above, one
+    input-sized array per tap; one shared padded copy is then far cheaper.
+
+  Which to use where was measured (docs/benchmarks.md).
+  """
+  fill = jnp.asarray(value, x.dtype)
+  if shared_pad:
+    if any(lo or hi for lo, hi in geom.pads):
+      config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in geom.pads), (0, 0, 0)]
+      x = lax.pad(x, fill, config)
+    for offset in itertools.product(*(range(d.window) for d in geom.dims)):
+      start = (0, *(j * d.dilation for j, d in zip(offset, geom.dims, strict=True)), 0)
+      ends = (s + (d.out - 1) * d.stride + 1 for s, d in zip(start[1:-1], geom.dims, strict=True))
+      limit = (x.shape[0], *ends, x.shape[-1])
+      yield lax.slice(x, start, limit, (1, *(d.stride for d in geom.dims), 1))
+    return
+  for combo in itertools.product(*(_tap_phases(d) for d in geom.dims)):
+    # A phase may start past the end (ceil mode, a stride over L + 1): an empty slice.
+    firsts = (min(phase, d.length) for (phase, _, _), d in zip(combo, geom.dims, strict=True))
+    start = (0, *firsts, 0)
+    view = lax.slice(x, start, x.shape, (1, *(d.stride for d in geom.dims), 1))
+    if any(low or high for _, low, high in combo):
+      config = [(0, 0, 0), *((low, high, 0) for _, low, high in combo), (0, 0, 0)]
+      view = lax.pad(view, fill, config)
+    yield view
+
+
+def _low_border(d: DimGeometry) -> int | None:
+  """How many first windows of ``d`` start in padding; None if a window reaches past the end."""
+  first = d.first_real_tap()
+  if (first + d.real_count() < d.window).any():
+    return None
+  return int(np.count_nonzero(first))
+
+
+def boxes(geom: Geometry) -> list[tuple[tuple[int, int], ...]] | None:
+  """Output boxes, ``[q0, q1)`` per dim, that partition the output; None if they do not apply.
+
+  The low border of each dim in turn, over the interior of the dims before it
+  and all of the dims after it, then the interior, where every tap of every
+  window reads a real cell: at most ``ndim + 1`` boxes. None when no window
+  starts in padding (the taps are strided slices of the input already) or one
+  reaches past the input's end (see :func:`nnx_pool._select.arg_select_boxes`).
+  """
+  low = [_low_border(d) for d in geom.dims]
+  if None in low or not any(low):
+    return None
+  inner = [(a, d.out) for a, d in zip(low, geom.dims, strict=True)]
+  result = [(*inner[:axis], (0, a), *((0, d.out) for d in geom.dims[axis + 1:]))
+            for axis, a in enumerate(low)]
+  result.append(tuple(inner))
+  return [box for box in result if all(q1 > q0 for q0, q1 in box)]
+
+
+def box_input(
+    x: jax.Array, geom: Geometry, box: tuple[tuple[int, int], ...]
+) -> tuple[jax.Array, Geometry]:
+  """The input cells that a box of outputs reads, and the box's windows over them.
+
+  The slab is a slice of ``x``; its geometry pads it by what the box's taps
+  reach past the input, so an interior box reads plain strided slices of ``x``.
+  """
+  dims, start, limit = [], [0], [x.shape[0]]
+  for (q0, q1), d in zip(box, geom.dims, strict=True):
+    first = q0 * d.stride - d.pad_low
+    end = (q1 - 1) * d.stride + d.effective_window - d.pad_low
+    lo, hi = max(first, 0), min(end, d.length)
+    dims.append(DimGeometry(hi - lo, d.window, d.stride, d.dilation, lo - first, end - hi,
+                            q1 - q0))
+    start.append(lo)
+    limit.append(hi)
+  start.append(0)
+  limit.append(x.shape[-1])
+  return lax.slice(x, start, limit), Geometry(tuple(dims))
+
+
+def box_mask(geom: Geometry, box: tuple[tuple[int, int], ...]) -> jax.Array:
+  """Whether each output position lies in ``box``, shape ``(1, *out, 1)``."""
+  inside = None
+  ndim = len(geom.dims) + 2
+  for axis, ((q0, q1), d) in enumerate(zip(box, geom.dims, strict=True), start=1):
+    shape = [1] * ndim
+    shape[axis] = d.out
+    pos = lax.broadcasted_iota(jnp.int32, tuple(shape), axis)
+    here = (pos >= q0) & (pos < q1)
+    inside = here if inside is None else inside & here
+  return inside
+
+
+def sum_taps(x: jax.Array, geom: Geometry) -> jax.Array:
+  """Sum of every window (zero padding), tap by tap, shape ``(N, *geom.out_shape, C)``."""
+  total = None
+  for tap in taps(x, geom, 0, shared_pad=False):  # one consumer, also when differentiated
+    total = tap if total is None else total + tap
+  return total
+
+
+def bin_slots(a: jax.Array, axis: int, length: int, out: int):
+  """Splits ``axis`` of ``a`` into ``(out, K)`` bin slots; ``K`` is the longest bin.
+
+  Returns ``(grouped, start, end, valid)``: the grouped array (one more axis,
+  right after ``axis``), each bin's ``[start, end)`` and a ``(out, K)`` mask of
+  the slots that hold a cell of their bin. A divisible dim is a plain reshape
+  with every slot valid (mask None); otherwise a gather whose surplus slots repeat the
+  bin's last cell.
+  """
+  start, end = adaptive_bins(length, out)
+  if length % out == 0:
+    k = length // out
+    shape = a.shape[:axis] + (out, k) + a.shape[axis + 1:]
+    return a.reshape(shape), start, end, None
+  k = int((end - start).max())
+  slots = np.minimum(start[:, None] + np.arange(k)[None, :], end[:, None] - 1)
+  valid = start[:, None] + np.arange(k)[None, :] < end[:, None]
+  return jnp.take(a, slots, axis=axis), start, end, valid
+
+
+def along(vector: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+  """Reshapes a 1-D ``vector`` to broadcast along ``axis`` of a rank-``ndim`` array."""
+  shape = [1] * ndim
+  shape[axis] = vector.shape[0]
+  return vector.reshape(shape)
