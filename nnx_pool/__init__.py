@@ -13,31 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-  from nnx_pool._adaptive import AdaptiveAvgPool as AdaptiveAvgPool
-  from nnx_pool._adaptive import AdaptiveMaxPool as AdaptiveMaxPool
-  from nnx_pool._adaptive import GlobalAvgPool as GlobalAvgPool
-  from nnx_pool._adaptive import GlobalMaxPool as GlobalMaxPool
-  from nnx_pool._adaptive import SelectAdaptivePool as SelectAdaptivePool
-  from nnx_pool._backend import IMPLEMENTATION_DEFAULTS as IMPLEMENTATION_DEFAULTS
-  from nnx_pool._backend import IMPLEMENTATIONS as IMPLEMENTATIONS
-  from nnx_pool._backend import current_implementation as current_implementation
-  from nnx_pool._backend import use_implementation as use_implementation
-  from nnx_pool._gates import CBAM as CBAM
-  from nnx_pool._gates import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
-  from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
-  from nnx_pool._gates import SqueezeExcitation as SqueezeExcitation
-  from nnx_pool._gates import eca_kernel_size as eca_kernel_size
-  from nnx_pool._gates import make_divisible as make_divisible
-  from nnx_pool._geometry import output_shape as output_shape
-  from nnx_pool._layout import ChannelsFirstWarning as ChannelsFirstWarning
-  from nnx_pool._pool import AvgPool as AvgPool
-  from nnx_pool._pool import LPPool as LPPool
-  from nnx_pool._pool import MaxPool as MaxPool
-  from nnx_pool._pool import MinPool as MinPool
-  from nnx_pool._unpool import MaxUnpool as MaxUnpool
+from typing import Any
 
 # The version pyproject.toml declares, as installed; a checkout that is only on sys.path
 # has no metadata to read.
@@ -46,11 +22,14 @@ try:
 except importlib.metadata.PackageNotFoundError:
   __version__ = "0+unknown"
 
-# Each public name and the private module that defines it.
+# Each public name and the private module that defines it: the one list of them. Type
+# checkers read __init__.pyi, which is generated from it (tests/test_functional.py checks
+# that it is up to date and prints the text to write when it is not).
 _WHERE = {
     "IMPLEMENTATION_DEFAULTS": "_backend",
     "IMPLEMENTATIONS": "_backend",
     "current_implementation": "_backend",
+    "set_default_implementation": "_backend",
     "use_implementation": "_backend",
     "AdaptiveAvgPool": "_adaptive",
     "AdaptiveMaxPool": "_adaptive",

@@ -19,36 +19,67 @@ On ties both send the gradient to the first extremum (tested on CPU).
 
 The defaults below were chosen from measurements on XLA:CPU only: until a GPU or
 TPU run says otherwise, every backend uses ``"taps"``, whose semantics are the
-tested ones. Change a default by assigning to :data:`IMPLEMENTATION_DEFAULTS`, or
-for a block of code with :func:`use_implementation`.
+tested ones. :data:`IMPLEMENTATION_DEFAULTS` is a read-only view of them; change a
+backend's default with :func:`set_default_implementation`, or the choice for a
+block of code with :func:`use_implementation`, which holds for the thread (or
+asyncio task) that enters it and no other.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import contextvars
+import types
+from collections.abc import Iterator, Mapping
 
 import jax
 
 IMPLEMENTATIONS = ("taps", "xla")
 
 # Keyed by jax.default_backend(). Backends not listed use "taps".
-IMPLEMENTATION_DEFAULTS: dict[str, str] = {"cpu": "taps", "gpu": "taps", "tpu": "taps"}
+_DEFAULTS: dict[str, str] = {"cpu": "taps", "gpu": "taps", "tpu": "taps"}
+IMPLEMENTATION_DEFAULTS: Mapping[str, str] = types.MappingProxyType(_DEFAULTS)
 
-_override: list[str] = []
+# The innermost use_implementation block of this thread (or task); None outside any.
+_override: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "nnx_pool_implementation", default=None)
 
 
-def _check(name) -> str:
-  if name not in IMPLEMENTATIONS:
-    raise ValueError(f"`implementation` must be one of {IMPLEMENTATIONS}; got {name!r}.")
+def _check(name, argument: str = "implementation") -> str:
+  if not isinstance(name, str) or name not in IMPLEMENTATIONS:
+    raise ValueError(f"`{argument}` must be one of {IMPLEMENTATIONS}; got {name!r}.")
   return name
 
 
 def current_implementation() -> str:
   """The formulation the kernels use now: the innermost override, else this backend's default."""
-  if _override:
-    return _override[-1]
+  override = _override.get()
+  if override is not None:
+    return override
   return _check(IMPLEMENTATION_DEFAULTS.get(jax.default_backend(), "taps"))
+
+
+def set_default_implementation(backend: str, implementation: str) -> None:
+  """Makes ``implementation`` (``"taps"`` or ``"xla"``) the default of a JAX backend.
+
+  ``backend`` is a name as :func:`jax.default_backend` gives it (``"cpu"``,
+  ``"gpu"``, ``"tpu"``, or a plugin's). The change holds for every thread, for
+  functions traced after it; :func:`use_implementation` still overrides it for a
+  block of code.
+
+  Example usage::
+
+    >>> import nnx_pool
+    >>> nnx_pool.set_default_implementation("gpu", "xla")
+    >>> nnx_pool.IMPLEMENTATION_DEFAULTS["gpu"]
+    'xla'
+    >>> nnx_pool.set_default_implementation("gpu", "taps")  # back to the shipped default
+  """
+  if not isinstance(backend, str) or not backend:
+    raise TypeError(
+        "`backend` must be a JAX backend's name as jax.default_backend() gives it, e.g. "
+        f"'cpu', 'gpu' or 'tpu'; got {backend!r}.")
+  _DEFAULTS[backend] = _check(implementation)
 
 
 @contextlib.contextmanager
@@ -56,7 +87,8 @@ def use_implementation(name: str) -> Iterator[None]:
   """Runs the window kernels traced inside the block with ``name`` (``"taps"`` or ``"xla"``).
 
   The choice is made when a function is traced: a function jitted inside the block
-  keeps it when called later.
+  keeps it when called later. It holds for the thread (or asyncio task) that enters
+  the block; other threads keep theirs.
 
   Example usage::
 
@@ -69,8 +101,8 @@ def use_implementation(name: str) -> Iterator[None]:
     Array([[ 5.,  7.],
            [13., 15.]], dtype=float32)
   """
-  _override.append(_check(name))
+  token = _override.set(_check(name))
   try:
     yield
   finally:
-    _override.pop()
+    _override.reset(token)

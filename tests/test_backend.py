@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -100,6 +101,60 @@ def test_the_table_and_the_override():
       pass
 
 
+def test_the_defaults_are_read_only_and_set_by_one_function():
+  with pytest.raises(TypeError):
+    nnx_pool.IMPLEMENTATION_DEFAULTS["cpu"] = "xla"
+  assert nnx_pool.IMPLEMENTATION_DEFAULTS["cpu"] == "taps"
+  try:
+    nnx_pool.set_default_implementation("cpu", "xla")
+    assert nnx_pool.IMPLEMENTATION_DEFAULTS["cpu"] == "xla"
+    assert nnx_pool.current_implementation() == "xla"
+    assert "reduce_window_max" in str(jax.make_jaxpr(MaxPool(2))(X))
+    with use_implementation("taps"):  # a block still overrides the default
+      assert nnx_pool.current_implementation() == "taps"
+  finally:
+    nnx_pool.set_default_implementation("cpu", "taps")
+  assert nnx_pool.current_implementation() == "taps"
+  assert "reduce_window" not in str(jax.make_jaxpr(MaxPool(2))(X))
+  with pytest.raises(ValueError, match=r"^`implementation` must be one of \('taps', 'xla'\); "
+                                       r"got 'XLA'\.$"):
+    nnx_pool.set_default_implementation("cpu", "XLA")
+  with pytest.raises(TypeError, match=r"^`backend` must be a JAX backend's name as "
+                                      r"jax\.default_backend\(\) gives it, .*; got None\.$"):
+    nnx_pool.set_default_implementation(None, "xla")
+  assert dict(nnx_pool.IMPLEMENTATION_DEFAULTS) == {"cpu": "taps", "gpu": "taps", "tpu": "taps"}
+
+
+def test_a_threads_use_implementation_does_not_reach_another_thread():
+  # Thread A enters use_implementation("xla") and holds it open while thread B (and this
+  # thread) trace a MaxPool: they keep the default "taps"; A's own trace uses "xla".
+  entered, traced = threading.Event(), threading.Event()
+  seen = {}
+
+  def inside_block():
+    with use_implementation("xla"):
+      entered.set()
+      seen["a"] = str(jax.make_jaxpr(MaxPool(2))(X))
+      traced.wait(timeout=60)
+
+  def elsewhere():
+    entered.wait(timeout=60)
+    seen["b"] = (nnx_pool.current_implementation(), str(jax.make_jaxpr(MaxPool(2))(X)))
+
+  a, b = threading.Thread(target=inside_block), threading.Thread(target=elsewhere)
+  a.start()
+  b.start()
+  b.join(timeout=60)
+  assert entered.is_set()
+  here = nnx_pool.current_implementation()  # while A still holds its block open
+  traced.set()
+  a.join(timeout=60)
+  assert "reduce_window_max" in seen["a"]
+  implementation, jaxpr = seen["b"]
+  assert (implementation, here) == ("taps", "taps")
+  assert "reduce_window" not in jaxpr
+
+
 @pytest.mark.slow
 def test_device_check_dry_run_writes_parity_and_benchmarks(tmp_path):
   pytest.importorskip("torch", reason="the device check needs torch==2.13.0 (the parity extra)")
@@ -115,7 +170,8 @@ def test_device_check_dry_run_writes_parity_and_benchmarks(tmp_path):
   assert all(row["pass"] for row in report["parity"]), report["parity"]
   assert {row["implementation"] for row in report["parity"]} == {"taps", "xla"}
   # The benchmark rows (`python -m benchmarks --quick`), once per implementation: every
-  # case, each ratio ours over the faster peer, and the table printed with its versions.
+  # case timed for us and both peers, and the table printed with its versions. (How the
+  # ratio to the faster peer is computed is tests/test_benchmarks.py's, on a worked example.)
   for implementation, name in report["benchmarks"].items():
     bench = json.loads((tmp_path / name).read_text())
     assert [row["case"] for row in bench["rows"]] == [case.name for case in CASES], name
@@ -123,8 +179,8 @@ def test_device_check_dry_run_writes_parity_and_benchmarks(tmp_path):
       for pass_name in ("forward", "backward"):
         medians = row[pass_name]["median_ms"]
         assert set(medians) >= {"ours", "flax", "torch"}
-        best_peer = min(v for k, v in medians.items() if k != "ours")
-        assert row[pass_name]["ratio_to_best_peer"] == pytest.approx(medians["ours"] / best_peer)
+        assert all(v > 0 for v in medians.values()), (row["case"], pass_name)
+        assert row[pass_name]["ratio_to_best_peer"] > 0, (row["case"], pass_name)
     assert f"jax {bench['environment']['jax']}" in done.stdout, implementation
   assert all(case.name in done.stdout for case in CASES)
   assert "parity: 22 of 22 pass" in done.stdout

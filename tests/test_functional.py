@@ -8,6 +8,7 @@ rule (PyTorch's ``Pool.h``: ``floor((L + 2p - d(k - 1) - 1) / s) + 1``).
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -316,3 +317,48 @@ def test_an_explicit_stride_gives_flaxs_and_pytorchs_results():
   np.testing.assert_array_equal(F.avg_pool(x, (2, 2), 1), nnx.avg_pool(x, (2, 2)))
   # PyTorch's: seed 004's arange(16) average pool.
   assert F.avg_pool(x, (2, 2), 2)[0, ..., 0].tolist() == [[2.5, 4.5], [10.5, 12.5]]
+
+
+# ----------------------------------------------------------------------------
+# The public names: one list, nnx_pool._WHERE, and the type stub generated from it.
+# ----------------------------------------------------------------------------
+
+
+def _stub_text() -> str:
+  """``nnx_pool/__init__.pyi`` as generated from ``_WHERE`` and ``_SUBMODULES``.
+
+  One ``from ... import X as X`` line per public name (an explicit re-export for type
+  checkers), in the order ruff's isort keeps: by module, then constants, classes and
+  functions, each by name.
+  """
+  def order(item):
+    module, name = item
+    kind = 0 if name.isupper() else 1 if name[0].isupper() else 2
+    return module, kind, name.lower()
+
+  names = [("nnx_pool", sub) for sub in nnx_pool._SUBMODULES]
+  names += [(f"nnx_pool.{module}", name) for name, module in nnx_pool._WHERE.items()]
+  lines = ['"""The public names for type checkers, generated from ``_WHERE`` in __init__.py.',
+           "", "tests/test_functional.py checks that it is up to date.", '"""', ""]
+  lines += [f"from {module} import {name} as {name}" for module, name in sorted(names, key=order)]
+  return "\n".join([*lines, "", "__version__: str", "__all__: list[str]", ""])
+
+
+def test_the_type_stub_is_generated_from_the_one_list_of_public_names():
+  stub = Path(nnx_pool.__file__).with_name("__init__.pyi")
+  want = _stub_text()
+  assert stub.read_text() == want, (
+      f"{stub.name} is out of date with nnx_pool._WHERE; replace its text with:\n{want}")
+
+
+def test_every_public_name_loads_and_is_listed():
+  # Each name of __all__ loads from the module _WHERE names (a wrong entry raises here),
+  # and dir() lists it; the modules' own __all__-free namespaces are not consulted.
+  assert sorted(nnx_pool.__all__) == nnx_pool.__all__
+  for name in nnx_pool.__all__:
+    assert getattr(nnx_pool, name) is not None, name
+    assert name in dir(nnx_pool), name
+  assert nnx_pool.MaxPool.__module__ == "nnx_pool._pool"
+  assert nnx_pool.functional.__name__ == "nnx_pool.functional"
+  with pytest.raises(AttributeError, match="module 'nnx_pool' has no attribute 'MaxPool2d'"):
+    nnx_pool.MaxPool2d  # noqa: B018

@@ -1,0 +1,33 @@
+"""The public names for type checkers, generated from ``_WHERE`` in __init__.py.
+
+tests/test_functional.py checks that it is up to date.
+"""
+
+from nnx_pool import functional as functional
+from nnx_pool import reference as reference
+from nnx_pool._adaptive import AdaptiveAvgPool as AdaptiveAvgPool
+from nnx_pool._adaptive import AdaptiveMaxPool as AdaptiveMaxPool
+from nnx_pool._adaptive import GlobalAvgPool as GlobalAvgPool
+from nnx_pool._adaptive import GlobalMaxPool as GlobalMaxPool
+from nnx_pool._adaptive import SelectAdaptivePool as SelectAdaptivePool
+from nnx_pool._backend import IMPLEMENTATION_DEFAULTS as IMPLEMENTATION_DEFAULTS
+from nnx_pool._backend import IMPLEMENTATIONS as IMPLEMENTATIONS
+from nnx_pool._backend import current_implementation as current_implementation
+from nnx_pool._backend import set_default_implementation as set_default_implementation
+from nnx_pool._backend import use_implementation as use_implementation
+from nnx_pool._gates import CBAM as CBAM
+from nnx_pool._gates import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
+from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
+from nnx_pool._gates import SqueezeExcitation as SqueezeExcitation
+from nnx_pool._gates import eca_kernel_size as eca_kernel_size
+from nnx_pool._gates import make_divisible as make_divisible
+from nnx_pool._geometry import output_shape as output_shape
+from nnx_pool._layout import ChannelsFirstWarning as ChannelsFirstWarning
+from nnx_pool._pool import AvgPool as AvgPool
+from nnx_pool._pool import LPPool as LPPool
+from nnx_pool._pool import MaxPool as MaxPool
+from nnx_pool._pool import MinPool as MinPool
+from nnx_pool._unpool import MaxUnpool as MaxUnpool
+
+__version__: str
+__all__: list[str]
