@@ -21,6 +21,8 @@ places padding as lax and Flax do.
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 from typing import Any
 
 import jax
@@ -256,7 +258,51 @@ def lp_pool(
 # Modules.
 # ----------------------------------------------------------------------------
 
+# Each argument's text, written once: every module's ``Args:`` section is made from the
+# entries its __init__ takes, in order (_document).
+_ARGS = {
+    "norm_type": "the power ``p``, a positive finite number.",
+    "window_shape": (
+        "the window, an int (repeated over ``num_spatial_dims``) or a tuple of 1 to 3 "
+        "ints, one per spatial dim."),
+    "strides": (
+        "the step between windows, an int or a tuple; omitted (None), it is the window "
+        "(PyTorch's default; Flax's functions default to 1)."),
+    "padding": (
+        'cells added around the input: ``"VALID"`` (none, the default) or ``"SAME"`` (any '
+        "case), an int (both sides of every dim), a tuple of ints (symmetric per dim) or a "
+        "tuple of ``(low, high)`` pairs; at most half the (dilated) window on a side."),
+    "num_spatial_dims": (
+        "how many dims an int argument stands for, 1, 2 or 3; keyword-only, 2 unless a "
+        "tuple argument sets it by its length."),
+    "dilation": "the spacing between the cells a window reads, an int or a tuple (default 1).",
+    "ceil_mode": (
+        "keep a last, partial window, as PyTorch's ``ceil_mode`` rounds the output size "
+        "up (default False)."),
+    "count_include_pad": "whether padding cells count in the divisor (default True).",
+    "divisor_override": "a positive int to divide every window by (default None).",
+    "return_indices": (
+        "also return the int32 flat per-plane index of each selected element (default "
+        "False)."),
+    "in_features": (
+        "the channel count, checked against the last axis when given (default None: not "
+        "checked)."),
+}
 
+
+def _document(cls):
+  """Appends to ``cls``'s docstring an ``Args:`` section: the :data:`_ARGS` entries of the
+  arguments its ``__init__`` takes, in their order. (``python -OO`` drops docstrings.)"""
+  if cls.__doc__ is None:
+    return cls
+  names = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+  entries = (textwrap.fill(f"{name}: {_ARGS[name]}", 88, initial_indent="  ",
+                           subsequent_indent="    ") for name in names)
+  cls.__doc__ = "\n".join([inspect.cleandoc(cls.__doc__), "", "Args:", *entries, ""])
+  return cls
+
+
+@_document
 class AvgPool(nnx.Module):
   """Average pooling with PyTorch's border rules, channels-last.
 
@@ -282,22 +328,6 @@ class AvgPool(nnx.Module):
     Array([[ 2.5,  4.5],
            [10.5, 12.5]], dtype=float32)
 
-  Args:
-    window_shape: the cells each mean is taken over, an int for every spatial
-      dim or a tuple of 1 to 3 ints.
-    strides: the step between windows, an int or a tuple; omitted, it is the
-      window (not 1, as in Flax).
-    padding: zeros around the input: ``"VALID"`` (none, the default) or
-      ``"SAME"`` (any case), an int, a tuple of ints (symmetric per dim) or a
-      tuple of ``(low, high)`` pairs, each at most half the window.
-    num_spatial_dims: the dims an int argument stands for, 1, 2 or 3; keyword
-      only, 2 unless a tuple argument gives its own length.
-    ceil_mode: keep a last, partial window as PyTorch's ``ceil_mode`` does
-      (default False).
-    count_include_pad: whether padding cells count in the divisor (default True).
-    divisor_override: a positive int to divide every window by (default None).
-    in_features: the channel count, checked against the last axis when given
-      (default None: not checked).
   """
 
   @flax_names
@@ -348,6 +378,7 @@ class _SelectPool(nnx.Module):
                    type(self).__name__, self)
 
 
+@_document
 class MaxPool(_SelectPool):
   """Max pooling with PyTorch's semantics and an exact gradient, channels-last.
 
@@ -371,24 +402,12 @@ class MaxPool(_SelectPool):
     Array([[ 5,  6],
            [13, 11]], dtype=int32)
 
-  Args:
-    window_shape: the window, an int (repeated over ``num_spatial_dims``) or a
-      tuple of 1 to 3 ints (one per spatial dim).
-    strides: an int or a tuple; defaults to ``window_shape`` (not 1).
-    padding: ``"VALID"`` (default), ``"SAME"``, an int, a tuple of ints or a
-      tuple of ``(low, high)`` pairs; at most half the effective window per side.
-    num_spatial_dims: 1, 2 or 3, keyword-only (default 2, unless a tuple
-      argument sets it by its length).
-    dilation: spacing between window taps, an int or a tuple (default 1).
-    ceil_mode: round the output size up, as PyTorch (default False).
-    return_indices: also return the flat per-plane indices (default False).
-    in_features: the channel count, checked against the last axis when given
-      (default None: not checked).
   """
 
   _kind = "max"
 
 
+@_document
 class MinPool(_SelectPool):
   """Min pooling: :class:`MaxPool` with ``<`` in place of ``>``.
 
@@ -403,28 +422,12 @@ class MinPool(_SelectPool):
     >>> MinPool(2, num_spatial_dims=1)(jnp.array([[3.], [1.], [4.], [1.], [5.], [9.]]))[:, 0]
     Array([1., 1., 5.], dtype=float32)
 
-  Args:
-    window_shape: the size of each window that the minimum is taken over: one
-      int for every spatial dim, or a tuple with an entry per dim (1 to 3).
-    strides: the step between windows (an int or a tuple); when omitted, equal
-      to ``window_shape``, so windows tile the input.
-    padding: cells added around the input, which hold +inf and never win:
-      ``"VALID"`` (none, the default), ``"SAME"``, an int, a tuple of ints or
-      ``(low, high)`` pairs, no more than half the dilated window on a side.
-    num_spatial_dims: how many dims an int argument covers, 1, 2 or 3 (keyword
-      only; 2 by default, or the length of a tuple argument).
-    dilation: the gap between the cells a window reads, an int or a tuple (1).
-    ceil_mode: whether a last, partial window makes an output, as PyTorch's
-      ``ceil_mode`` (False).
-    return_indices: whether to return, beside the minima, their flat per-plane
-      indices (False).
-    in_features: the number of channels that the last axis must have; None (the
-      default) leaves it unchecked.
   """
 
   _kind = "min"
 
 
+@_document
 class LPPool(nnx.Module):
   """Power-average pooling, ``(sum over the window of x**p) ** (1/p)``, as PyTorch.
 
@@ -439,16 +442,6 @@ class LPPool(nnx.Module):
     >>> LPPool(2, (2,))(jnp.array([[3.], [4.], [6.], [8.]]))[:, 0]
     Array([ 5., 10.], dtype=float32)
 
-  Args:
-    norm_type: the power ``p``, a positive finite number.
-    window_shape: the window, an int (repeated over ``num_spatial_dims``) or a
-      tuple of 1 to 3 ints (one per spatial dim).
-    strides: an int or a tuple; defaults to ``window_shape`` (not 1).
-    num_spatial_dims: 1, 2 or 3, keyword-only (default 2, unless a tuple
-      argument sets it by its length).
-    ceil_mode: round the output size up, as PyTorch (default False).
-    in_features: the channel count, checked against the last axis when given
-      (default None: not checked).
   """
 
   @flax_names

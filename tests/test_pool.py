@@ -217,7 +217,7 @@ def test_pool_3d():
 
 # Values-only max (min) over more than 9 strided, padded taps. XLA:CPU of jax 0.7 (the
 # floor job) never finished compiling these when each tap read its own pad; they now
-# read one shared padded copy (nnx_pool._kernels.PER_TAP_PAD_LIMIT).
+# read one shared padded copy (nnx_pool._select.PER_TAP_PAD_LIMIT).
 @pytest.mark.parametrize(("module", "mirror", "shape", "window", "strides", "padding"), [
     (MaxPool, reference.max_pool, (2, 9, 9, 3), (4, 4), (2, 2), ((1, 1), (1, 1))),
     (MinPool, reference.min_pool, (2, 11, 10, 2), (5, 5), (2, 2), ((2, 2), (2, 2))),
@@ -604,3 +604,31 @@ def test_maxpool_gradient_matches_mirror(
       x, g, window, strides, padding, dilation=dilation, ceil_mode=ceil_mode
   )
   np.testing.assert_array_equal(np.asarray(grad, np.float32), expected)
+
+def test_each_module_documents_the_arguments_it_takes_in_order():
+  # The Args sections are made from one text per argument (_pool._ARGS): each module lists
+  # exactly its own arguments, in the order of its signature.
+  def listed(cls):
+    args = cls.__doc__.split("\nArgs:\n", 1)[1]
+    return [line.split(":")[0].strip() for line in args.splitlines() if line[:4].strip()]
+
+  common = ["window_shape", "strides"]
+  assert listed(AvgPool) == [*common, "padding", "num_spatial_dims", "ceil_mode",
+                             "count_include_pad", "divisor_override", "in_features"]
+  assert listed(MaxPool) == listed(MinPool) == [
+      *common, "padding", "num_spatial_dims", "dilation", "ceil_mode", "return_indices",
+      "in_features"]
+  assert listed(LPPool) == ["norm_type", *common, "num_spatial_dims", "ceil_mode",
+                            "in_features"]
+  assert "padding: cells added around the input" in MinPool.__doc__
+
+
+def test_documenting_a_class_without_a_docstring_leaves_it_alone():
+  # python -OO drops docstrings: building the Args section must not fail on import then.
+  from nnx_pool._pool import _document
+
+  class Bare:
+    def __init__(self, window_shape):
+      pass
+
+  assert _document(Bare).__doc__ is None
