@@ -1,7 +1,7 @@
 """Tests for global, adaptive and selectable pooling (nnx_pool._adaptive).
 
 Each expectation says where it comes from: a hand computation, a seed
-fixture, a test vector of SEMANTICS.md, the NumPy mirror (nnx_pool.reference)
+fixture (seed 003, seed 004), the NumPy mirror (nnx_pool.reference)
 or PyTorch 2.13 CPU. The PyTorch tests skip cleanly when torch is absent.
 """
 
@@ -99,11 +99,11 @@ def test_globalpool_matches_numpy_mirror():
 
 
 def test_adaptiveavgpool_pytorch_bins_not_equinox():
-  # SEMANTICS.md: arange(14) to 4. PyTorch's overlapping bins [0,4) [3,7) [7,11) [10,14)
-  # give [1.5, 4.5, 8.5, 11.5]; Equinox's partition gives [1.5, 5.5, 9, 12]. We follow PyTorch.
+  # PyTorch 2.13 CPU, F.adaptive_avg_pool1d(arange(14), 4): the overlapping bins [0,4)
+  # [3,7) [7,11) [10,14) give [1.5, 4.5, 8.5, 11.5]. (Equinox's bins partition the input
+  # without overlap instead; we follow PyTorch.)
   y = AdaptiveAvgPool((4,))(line(np.arange(14)))[0, :, 0]
   np.testing.assert_array_equal(y, [1.5, 4.5, 8.5, 11.5])
-  assert not np.array_equal(y, [1.5, 5.5, 9.0, 12.0])
 
 
 def test_adaptivepool_overlapping_bins_1d():
@@ -439,7 +439,8 @@ def test_selectadaptivepool_matches_timm_formulas_in_pytorch():
   F = torch.nn.functional
   x = np.random.default_rng(9).standard_normal((2, 7, 5, 3)).astype(np.float32)
   xt = torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1)))
-  # timm SelectAdaptivePool2d(pool_type, flatten=True), written from SEMANTICS.md.
+  # timm's SelectAdaptivePool2d(pool_type, flatten=True) (timm/layers/adaptive_avgmax_pool.py:
+  # avgmax is 0.5 * (avg + max), catavgmax concatenates on the channels), written here.
   avg, mx = F.adaptive_avg_pool2d(xt, 1).flatten(1), F.adaptive_max_pool2d(xt, 1).flatten(1)
   expected = {"avg": avg, "max": mx, "avgmax": 0.5 * (avg + mx),
               "catavgmax": torch.cat([avg, mx], dim=1)}

@@ -16,7 +16,7 @@ def _out(length, k, s, padding=0, *, dilation=1, ceil_mode=False):
 
 @pytest.mark.parametrize(
     "k, s, expected",
-    # seed 003 / SEMANTICS.md table: 4x4 input, no padding.
+    # PyTorch 2.13 CPU, F.max_pool2d(zeros(1, 1, 4, 4), k, s).shape[-1]: 4x4, no padding.
     [(2, 2, 2), (3, 1, 2), (2, 1, 3), (4, 1, 1), (1, 1, 4), (3, 2, 1), (1, 3, 2)],
 )
 def test_geometry_output_size_seed_table(k, s, expected):
@@ -26,7 +26,7 @@ def test_geometry_output_size_seed_table(k, s, expected):
 def test_geometry_ceil_mode_keeps_last_window_inside():
   # PyTorch: L=10, k=1, s=2, ceil gives 5 (a 6th window would start at 10 = L + lo).
   assert _out(10, 1, 2, ceil_mode=True) == 5
-  # 7x7, k2 s3 ceil: ceil((7 - 2) / 3) + 1 = 3, last start 6 < 7 (SEMANTICS.md vector).
+  # 7x7, k2 s3 ceil: ceil((7 - 2) / 3) + 1 = 3, last start 6 < 7 (PyTorch 2.13 CPU: 3).
   assert _out(7, 2, 3, ceil_mode=True) == 3
   assert _out(7, 2, 3) == 2
   # L=5, k=2, s=2, pad 1: ceil((5 + 2 - 2) / 2) + 1 = 4, last start 6 >= 5 + 1 -> 3.

@@ -1,9 +1,9 @@
 """Tests for the window pooling modules (nnx_pool._pool) on explicit expected arrays.
 
 Expected arrays are written out next to their inputs; each comment names its
-source: a hand computation, a seed fixture, a test vector of SEMANTICS.md, or
-PyTorch 2.13 CPU. Parity sweeps live in test_pool_torch.py and
-test_pool_properties.py.
+source: a hand computation, one of the project's seed fixtures (seed 003, seed 004),
+Flax's own tests, or PyTorch 2.13 CPU (the function named). Parity sweeps live in
+test_pool_torch.py and test_pool_properties.py.
 """
 
 import subprocess
@@ -96,7 +96,9 @@ def test_minpool_seed003_values_and_indices():
 
 
 def test_avgpool_flax_same_vectors_both_policies():
-  # SEMANTICS.md (Flax's own test): [[1, 2], [3, 4]], 2x2, stride 1, SAME.
+  # Flax's own test (tests/linen/linen_test.py, PoolTest.test_avg_pool_padding_same):
+  # [[1, 2], [3, 4]], 2x2, stride 1, SAME: [10, 6, 7, 4] / 4 with the padding counted,
+  # [10/4, 6/2, 7/2, 4/1] without.
   x = nhwc([[1.0, 2.0], [3.0, 4.0]])
   included = AvgPool((2, 2), 1, "SAME")(x)
   excluded = AvgPool((2, 2), 1, "SAME", count_include_pad=False)(x)
@@ -105,7 +107,7 @@ def test_avgpool_flax_same_vectors_both_policies():
 
 
 def test_avgpool_1d_padding_both_policies():
-  # SEMANTICS.md: AvgPool1d(k3, s1, p1) on [1..5].
+  # PyTorch 2.13 CPU, F.avg_pool1d([1..5], 3, 1, 1), count_include_pad True and False.
   x = jnp.arange(1.0, 6.0)[None, :, None]
   np.testing.assert_allclose(AvgPool((3,), 1, 1)(x)[0, :, 0], [1, 2, 3, 4, 3], rtol=1e-6)
   np.testing.assert_allclose(
@@ -114,7 +116,7 @@ def test_avgpool_1d_padding_both_policies():
 
 
 def test_avgpool_ceil_mode_7x7():
-  # SEMANTICS.md: AvgPool2d(k2, s3, ceil) on arange(49).reshape(7, 7).
+  # PyTorch 2.13 CPU, F.avg_pool2d(arange(49).reshape(7, 7), 2, 3, ceil_mode=True).
   y = AvgPool((2, 2), 3, ceil_mode=True)(nhwc(np.arange(49.0).reshape(7, 7)))
   np.testing.assert_array_equal(plane(y), [[4, 7, 9.5], [25, 28, 30.5], [42.5, 45.5, 48]])
 
@@ -604,6 +606,7 @@ def test_maxpool_gradient_matches_mirror(
       x, g, window, strides, padding, dilation=dilation, ceil_mode=ceil_mode
   )
   np.testing.assert_array_equal(np.asarray(grad, np.float32), expected)
+
 
 def test_each_module_documents_the_arguments_it_takes_in_order():
   # The Args sections are made from one text per argument (_pool._ARGS): each module lists

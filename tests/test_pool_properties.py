@@ -97,7 +97,7 @@ class Config:
 
 
 def _padding_spelling(draw, mode, pairs):
-  """One of the forms our modules accept for a padding (SEMANTICS: VALID/SAME/int/ints/pairs)."""
+  """One of the forms our modules accept for a padding: VALID/SAME (any case), int, ints, pairs."""
   if mode in ("VALID", "SAME"):
     return draw(st.sampled_from([mode, mode.lower()]))
   forms = ["pairs"]
@@ -118,7 +118,7 @@ def configs(draw, kind, *, max_size=None, beyond_half=False, separable=False):
   """A window configuration; with ``beyond_half`` the padding may exceed our limit.
 
   With ``separable`` the window has over 64 taps (one long dim), which the
-  modules pool one spatial dim at a time (``_kernels.UNROLL_LIMIT``).
+  modules pool one spatial dim at a time (``_separable.UNROLL_LIMIT``).
   """
   ndim = draw(st.integers(1, 3))
   max_window = {1: 4, 2: 3, 3: 2}[ndim]

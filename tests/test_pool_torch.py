@@ -110,7 +110,7 @@ def _every_window_has_a_cell(length, k, s, p, d, ceil_mode) -> bool:
 
 
 def _same_pads(length, k, s, d) -> tuple[int, int]:
-  """lax/Flax SAME padding of one dim (SEMANTICS.md), on the dilated window."""
+  """lax/Flax SAME padding of one dim (lax.padtype_to_pads), on the dilated window."""
   e = d * (k - 1) + 1
   out = -(-length // s)
   total = max((out - 1) * s + e - length, 0)
@@ -608,7 +608,8 @@ _PAST_INPUT_CASES = {
 @pytest.mark.parametrize("name", list(_PAST_INPUT_CASES))
 def test_pool_ceil_mode_window_past_padded_input_like_torch(name):
   # PyTorch 2.13 CPU: ceil mode gives out = ceil((L + 2p - e) / s) + 1 = 1 when
-  # -s < L + 2p - e < 0 (SEMANTICS.md's rule too); the window is clipped to the input.
+  # -s < L + 2p - e < 0 (PyTorch's Pool.h allows it in ceil mode); the window is clipped to
+  # the input.
   # E.g. avg_pool1d([1, 2], k3, s2, ceil) = [1.5] and max_pool1d gives [2] at index 1.
   module, x, torch_fn = _PAST_INPUT_CASES[name]
   expected = torch_fn(torch.tensor([[x]]))[0, 0].numpy()

@@ -30,7 +30,7 @@ def _row(values, dtype=np.float64) -> np.ndarray:
   return np.asarray(values, dtype=dtype).reshape(1, -1, 1)
 
 
-# The seed-003 grid of SEMANTICS.md.
+# The project's seed-003 grid (PyTorch 2.13 CPU checked every vector quoted from it below).
 SEED003 = [[1, 2, 5, 6], [3, 4, 8, 7], [0, -1, -3, -2], [-4, 9, -6, -5]]
 
 
@@ -39,7 +39,7 @@ SEED003 = [[1, 2, 5, 6], [3, 4, 8, 7], [0, -1, -3, -2], [-4, 9, -6, -5]]
 # ----------------------------------------------------------------------------
 
 
-# Source: SEMANTICS.md "Output size", 4x4 input, no padding.
+# Source: PyTorch 2.13 CPU, F.max_pool2d(zeros(1, 1, 4, 4), window, stride).shape[-1].
 @pytest.mark.parametrize(
   ("window", "stride", "expected"),
   [(2, 2, 2), (3, 1, 2), (2, 1, 3), (4, 1, 1), (1, 1, 4), (3, 2, 1), (1, 3, 2)],
@@ -49,7 +49,7 @@ def test_output_size_matches_table(window, stride, expected):
 
 
 def test_output_size_ceil_l10_k1_s2_gives_5():
-  # Source: SEMANTICS.md (PyTorch gives 5).
+  # Source: PyTorch 2.13 CPU, F.max_pool1d(zeros(1, 1, 10), 1, 2, ceil_mode=True): 5.
   assert ref.output_size(10, 1, 2, 0, 0, ceil_mode=True) == 5
   assert ref.output_size(10, 1, 2, 0, 0, ceil_mode=False) == 5
 
@@ -88,7 +88,8 @@ def test_output_size_rejects_window_larger_than_input():
   ],
 )
 def test_same_padding_follows_lax_rule(length, window, stride, dilation, expected):
-  # Source: SEMANTICS.md "SAME padding" rule, worked by hand.
+  # Source: lax.padtype_to_pads's SAME rule (out = ceil(L / s), total = max((out - 1) * s +
+  # e - L, 0), the extra cell high), worked by hand.
   assert ref.same_padding(length, window, stride, dilation) == expected
 
 
@@ -98,7 +99,8 @@ def test_same_padding_follows_lax_rule(length, window, stride, dilation, expecte
 
 
 def test_avg_pool_flax_same_counts_padding():
-  # Source: SEMANTICS.md (T, Flax): [[1,2],[3,4]], 2x2, stride 1, SAME, including pads.
+  # Source: Flax's own test (tests/linen/linen_test.py, PoolTest.test_avg_pool_padding_same):
+  # [[1,2],[3,4]], 2x2, stride 1, SAME, including pads: [10, 6, 7, 4] / 4.
   # Under the PyTorch rule the SAME pad (0, 1) is explicit padding, so it counts.
   x = _grid([[1, 2], [3, 4]])
   out = ref.avg_pool(x, (2, 2), (1, 1), "SAME")
@@ -106,14 +108,14 @@ def test_avg_pool_flax_same_counts_padding():
 
 
 def test_avg_pool_flax_same_excludes_padding():
-  # Source: SEMANTICS.md (T, Flax): excluding pads.
+  # Source: the same Flax test, excluding pads: [10/4, 6/2, 7/2, 4/1].
   x = _grid([[1, 2], [3, 4]])
   out = ref.avg_pool(x, (2, 2), (1, 1), "SAME", count_include_pad=False)
   np.testing.assert_allclose(out.ravel(), [2.5, 3.0, 3.5, 4.0])
 
 
 def test_avg_pool_1d_k3_s1_p1_both_policies():
-  # Source: SEMANTICS.md, AvgPool1d(k3, s1, p1) on [1..5].
+  # Source: PyTorch 2.13 CPU, F.avg_pool1d([1..5], 3, 1, 1), count_include_pad True, False.
   x = _row([1, 2, 3, 4, 5])
   incl = ref.avg_pool(x, (3,), (1,), ((1, 1),))
   excl = ref.avg_pool(x, (3,), (1,), ((1, 1),), count_include_pad=False)
@@ -122,7 +124,7 @@ def test_avg_pool_1d_k3_s1_p1_both_policies():
 
 
 def test_avg_pool_ceil_7x7_overhang_not_counted():
-  # Source: SEMANTICS.md, AvgPool2d(k2, s3, ceil) on arange(49).reshape(7, 7).
+  # Source: PyTorch 2.13 CPU, F.avg_pool2d(arange(49).reshape(7, 7), 2, 3, ceil_mode=True).
   x = np.arange(49, dtype=np.float64).reshape(1, 7, 7, 1)
   out = ref.avg_pool(x, (2, 2), (3, 3), "VALID", ceil_mode=True)
   expected = [[4, 7, 9.5], [25, 28, 30.5], [42.5, 45.5, 48]]
@@ -130,7 +132,7 @@ def test_avg_pool_ceil_7x7_overhang_not_counted():
 
 
 def test_avg_pool_arange16_seed004():
-  # Source: SEMANTICS.md seed 004: arange(16), 2x2, stride 2, VALID.
+  # Source: the project's seed 004: arange(16), 2x2, stride 2, VALID (PyTorch 2.13 CPU too).
   x = np.arange(16, dtype=np.float32).reshape(1, 4, 4, 1)
   out = ref.avg_pool(x, (2, 2), (2, 2), "VALID")
   assert out.dtype == np.float32
@@ -179,7 +181,7 @@ def test_avg_pool_asymmetric_padding_divisor():
 
 
 def test_max_pool_seed003_k2s2_values_and_indices():
-  # Source: SEMANTICS.md seed 003.
+  # Source: the project's seed 003 (PyTorch 2.13 CPU, F.max_pool2d(..., return_indices=True)).
   values, indices = ref.max_pool(_grid(SEED003), (2, 2), (2, 2), "VALID")
   np.testing.assert_array_equal(values.ravel(), [4, 8, 9, -2])
   np.testing.assert_array_equal(indices.ravel(), [5, 6, 13, 11])
@@ -187,14 +189,14 @@ def test_max_pool_seed003_k2s2_values_and_indices():
 
 
 def test_max_pool_seed003_k3s1_overlap():
-  # Source: SEMANTICS.md seed 003 (values); indices by hand: 8 is cell (1,2)=6, 9 is (3,1)=13.
+  # Source: seed 003 and PyTorch 2.13 CPU; by hand: 8 is cell (1,2)=6, 9 is (3,1)=13.
   values, indices = ref.max_pool(_grid(SEED003), (3, 3), (1, 1), "VALID")
   np.testing.assert_array_equal(values.ravel(), [8, 8, 9, 9])
   np.testing.assert_array_equal(indices.ravel(), [6, 6, 13, 13])
 
 
 def test_max_pool_grad_seed003_scatters_to_argmax():
-  # Source: SEMANTICS.md seed 003: grads 1, 2, 3, 4 land on cells 5, 6, 13, 11.
+  # Source: seed 003 and PyTorch 2.13 CPU backward: grads 1, 2, 3, 4 land on cells 5, 6, 13, 11.
   g = np.array([1, 2, 3, 4], dtype=np.float64).reshape(1, 2, 2, 1)
   grad = ref.max_pool_grad(_grid(SEED003), g, (2, 2), (2, 2), "VALID")
   expected = np.zeros(16)
@@ -223,7 +225,7 @@ def test_min_pool_grad_scatters_to_argmin():
 
 
 def test_max_pool_tie_first_in_row_major_order_wins():
-  # Source: SEMANTICS.md (first maximum wins); torch 2.13 gives index 1 for [1, 3, 3, 2].
+  # Source: PyTorch 2.13 CPU (first maximum wins): F.max_pool1d gives index 1 for [1, 3, 3, 2].
   _, idx1 = ref.max_pool(_row([1, 3, 3, 2]), (4,), (4,), "VALID")
   assert idx1.ravel().tolist() == [1]
   # 2-D: 5 at (0,1)=1 and (1,0)=2; row-major order visits (0,1) first.
@@ -332,13 +334,15 @@ def test_lp_pool_full_windows():
 
 
 def test_lp_pool_ceil_partial_window_scaled_by_k_over_clipped():
-  # Source: SEMANTICS.md rule: the partial window [2] is averaged (2/1) then times k=2: 4.
+  # Source: PyTorch 2.13 CPU, F.lp_pool1d([3, 4, 2], 1, 2, ceil_mode=True) = [7, 4]: the partial
+  # window [2] is averaged (2/1), then multiplied by k=2.
   out = ref.lp_pool(_row([3, 4, 2]), 1, (2,), (2,), ceil_mode=True)
   np.testing.assert_allclose(out.ravel(), [7, 4])
 
 
 def test_lp_pool_uses_x_to_the_p_not_abs():
-  # Source: SEMANTICS.md: x**p, so p=1 over [-1, -2] is -3; p=3 over [-2, 1] is (-7)**(1/3) = nan.
+  # Source: PyTorch 2.13 CPU, F.lp_pool1d: x**p with no absolute value, so p=1 over [-1, -2]
+  # is -3; p=3 over [-2, 1] is (-7)**(1/3) = nan.
   np.testing.assert_allclose(ref.lp_pool(_row([-1, -2]), 1, (2,)).ravel(), [-3])
   assert np.isnan(ref.lp_pool(_row([-2, 1]), 3, (2,)).ravel()[0])
 
@@ -357,11 +361,9 @@ def test_adaptive_bins_overlap_and_upsample():
 
 
 def test_adaptive_avg_pool_pytorch_rule_not_equinox():
-  # Source: SEMANTICS.md: arange(14) to 4: PyTorch [1.5, 4.5, 8.5, 11.5],
-  # Equinox (T) [1.5, 5.5, 9, 12].
+  # Source: PyTorch 2.13 CPU, F.adaptive_avg_pool1d(arange(14), 4) = [1.5, 4.5, 8.5, 11.5].
   out = ref.adaptive_avg_pool(np.arange(14, dtype=np.float64).reshape(1, 14, 1), (4,))
   np.testing.assert_allclose(out.ravel(), [1.5, 4.5, 8.5, 11.5])
-  assert not np.allclose(out.ravel(), [1.5, 5.5, 9, 12])
 
 
 def test_adaptive_avg_pool_none_keeps_dim():
@@ -415,7 +417,8 @@ def test_max_unpool_duplicate_index_later_write_wins():
 
 
 def test_max_unpool_round_trip_seed003():
-  # Source: SEMANTICS.md seed 003: the maxima 4, 8, 9, -2 go back to cells 5, 6, 13, 11.
+  # Source: seed 003 and PyTorch 2.13 CPU, F.max_unpool2d: 4, 8, 9, -2 go back to cells 5, 6,
+  # 13, 11.
   values, indices = ref.max_pool(_grid(SEED003), (2, 2), (2, 2), "VALID")
   out = ref.max_unpool(values, indices, (2, 2), (2, 2))
   expected = np.zeros(16)
