@@ -32,8 +32,13 @@ import numpy as np
 from jax import lax
 
 from nnx_pool._geometry import Geometry
-from nnx_pool._select import Kind, arg_extremum_over_bins, arg_select_boxes, select_forward
-from nnx_pool._select import stage_select as stage_select_forward
+from nnx_pool._select import (
+  Kind,
+  arg_extremum_over_bins,
+  arg_select_boxes,
+  select_forward,
+  stage_arg_select,
+)
 from nnx_pool._taps import sum_taps
 
 
@@ -207,15 +212,15 @@ def stage_select(
     x: jax.Array, payload: jax.Array | None, geom: Geometry, axis: int, later: int,
     init: np.ndarray, kind: Kind, offset_dtype,
 ) -> tuple[jax.Array, jax.Array]:
-  """:func:`nnx_pool._select.stage_select` (values and combined offsets), differentiable in
+  """:func:`nnx_pool._select.stage_arg_select` (values and combined offsets), differentiable in
   ``x``: each output's tangent is that of this stage's winning tap."""
   return _stage_select(x, payload, geom, axis, later, _Static(init), kind, offset_dtype)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5, 6, 7))
 def _stage_select(x, payload, geom, axis, later, init, kind, offset_dtype):
-  best, combined, _ = stage_select_forward(x, payload, geom, axis, later, init.value, kind,
-                                           offset_dtype)
+  best, combined, _ = stage_arg_select(x, payload, geom, axis, later, init.value, kind,
+                                       offset_dtype)
   return best, combined
 
 
@@ -223,8 +228,8 @@ def _stage_select(x, payload, geom, axis, later, init, kind, offset_dtype):
 def _stage_select_jvp(geom, axis, later, init, kind, offset_dtype, primals, tangents):
   x, payload = primals
   t, _ = tangents
-  best, combined, arg = stage_select_forward(x, payload, geom, axis, later, init.value, kind,
-                                             offset_dtype)
+  best, combined, arg = stage_arg_select(x, payload, geom, axis, later, init.value, kind,
+                                         offset_dtype)
   return (best, combined), (gather(t, geom, arg), np.zeros(combined.shape, jax.dtypes.float0))
 
 

@@ -8,7 +8,7 @@ which never replaces anything. The rule is applied
 * tap by tap over a window (:func:`arg_select`, with the window offset of the
   winner; :func:`arg_select_boxes` box by box, the gradient's spelling), or over
   one dim of a separable window with the offset over the later dims as a payload
-  (:func:`stage_select`);
+  (:func:`stage_arg_select`);
 * as a reduction over an axis (:func:`arg_extremum`; :func:`extremum` is its value
   alone, for the gates), stage by stage over the adaptive pools' bins
   (:func:`arg_extremum_over_bins`).
@@ -192,7 +192,7 @@ def select_forward(
   return arg_select(x, geom, kind, shared_pad=with_offsets or geom.size > PER_TAP_PAD_LIMIT)
 
 
-def stage_select(
+def stage_arg_select(
     x: jax.Array, payload: jax.Array | None, geom: Geometry, axis: int, later: int,
     init: np.ndarray, kind: Kind, offset_dtype,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -33,8 +33,7 @@ import numpy as np
 from nnx_pool._adjoint import stage_select, tap_select, tap_sum
 from nnx_pool._geometry import DimGeometry, Geometry
 from nnx_pool._jit import scoped
-from nnx_pool._select import Kind, offset_dtype_for, select_forward
-from nnx_pool._select import stage_select as stage_select_forward
+from nnx_pool._select import Kind, offset_dtype_for, select_forward, stage_arg_select
 
 # Windows with more taps than this are decomposed one spatial dim at a time.
 UNROLL_LIMIT = 64
@@ -90,8 +89,8 @@ def separable_select(
       if differentiable:
         x, payload = stage_select(x, payload, stage, axis, later, init, kind, offset_dtype)
       else:
-        x, payload, _ = stage_select_forward(x, payload, stage, axis, later, init, kind,
-                                             offset_dtype)
+        x, payload, _ = stage_arg_select(x, payload, stage, axis, later, init, kind,
+                                         offset_dtype)
     later *= d.window
     spatial = (*spatial[:axis], d.out, *spatial[axis + 1:])
   if payload is None:  # every window is a single tap
