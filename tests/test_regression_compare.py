@@ -29,6 +29,17 @@ def test_compare_allclose_boundary_is_atol_plus_rtol_times_expected():
   assert "1 of 2 elements differ (first at (1,): 100.00021 vs baseline 100)" in verdict.message
 
 
+def test_compare_message_counts_every_failing_element_and_names_the_first():
+  expected = np.zeros((2, 3), np.float32)
+  actual = expected.copy()
+  actual[0, 2], actual[1, 0] = 0.5, 2.0  # row-major: (0, 2) comes first
+  assert compare_arrays(actual, expected, CLOSE).message == (
+      "2 of 6 elements differ (first at (0, 2): 0.5 vs baseline 0)")
+  ints = np.array([[1, 2], [3, 4]], np.int32)
+  assert compare_arrays(ints, np.array([[1, 0], [0, 4]], np.int32), EXACT).message == (
+      "2 of 4 elements differ (first at (0, 1): 2 vs baseline 0)")
+
+
 def test_compare_nan_must_be_at_the_same_places():
   expected = np.array([np.nan, 1.0], np.float32)
   assert compare_arrays(np.array([np.nan, 1.0], np.float32), expected, EXACT).passed

@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import threading
 import time
+import tomllib
 import venv
 from pathlib import Path
 
@@ -227,6 +228,33 @@ def test_this_source_of_a_checkout_is_copied_never_built_in_place(tmp_path):
   assert (tmp_path / "nnx-pool-source" / "nnx_pool" / "__init__.py").read_bytes() == (
       ROOT / "nnx_pool" / "__init__.py").read_bytes()
   assert snapshot.digest == source.digest() == rehearse_source.this_source().digest()
+  # Everything pyproject.toml's build reads: itself, the readme, each package's directory
+  # (setuptools' package-dir, else the package's own path), every module in them.
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+  setuptools = project["tool"]["setuptools"]
+  folders = [setuptools.get("package-dir", {}).get(p, p.replace(".", "/"))
+             for p in setuptools["packages"]]
+  assert {Path("pyproject.toml"), Path(project["project"]["readme"])} <= copied
+  for folder in folders:
+    modules = {p.relative_to(ROOT) for p in (ROOT / folder).glob("*.py")}
+    assert modules and modules <= copied, folder
+
+
+def test_subprocess_env_leaves_out_what_would_reach_this_interpreter(monkeypatch, tmp_path):
+  # Each would send an import or an install of the rehearsal's to this environment's paths.
+  leaks = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT")
+  elsewhere = str(tmp_path / "elsewhere")
+  for name in leaks:
+    monkeypatch.setenv(name, elsewhere)
+  monkeypatch.setenv("PATH", elsewhere)
+  monkeypatch.setenv("NNX_POOL_KEPT", "yes")  # anything else passes through
+  monkeypatch.delenv("PYTHONNOUSERSITE", raising=False)
+  env = tmp_path / "env"
+  environ = rehearse_env.subprocess_env(env)
+  assert not set(leaks) & set(environ)
+  assert environ["PATH"] == f"{env / 'bin'}{os.pathsep}{elsewhere}"  # its python comes first
+  assert (environ["VIRTUAL_ENV"], environ["PYTHONNOUSERSITE"], environ["NNX_POOL_KEPT"]) == (
+      str(env), "1", "yes")
 
 
 @pytest.mark.parametrize(("direct_url", "expected"), [
