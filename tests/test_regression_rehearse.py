@@ -962,6 +962,7 @@ def test_rehearse_pytest_imports_the_users_own_package(monkeypatch, tmp_path):
   rehearsed = Path(nnx_pool.__file__).parent
   foreign = tmp_path / "foreign.txt"
   monkeypatch.setenv("PYTEST_ADDOPTS", "-q")
+  monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # sys.path is the point, not plugins
   code = rehearse_env.run_pytest(env, ["tests"], rehearsed=rehearsed, foreign=foreign)
   assert code == 0 and not foreign.exists()
   # The command it replaced: -P keeps the project off sys.path, and `import mypkg` fails.
