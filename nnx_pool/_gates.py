@@ -28,6 +28,19 @@ bfloat16 input with the default ``param_dtype=float32``. The product
 ``x * scale`` is taken in the wider of the two dtypes and rounded once to the
 input's dtype, so a bfloat16 model keeps bfloat16 activations.
 
+Every Linear and Conv of a gate takes Flax's layer options, as
+:class:`flax.nnx.Linear` and :class:`flax.nnx.Conv` do; each class says which
+layers they reach:
+
+* ``dtype``: the computation dtype of the scale (default None: the promotion of
+  the pooled summary and the params, float32 by default); the output keeps the
+  input's dtype;
+* ``param_dtype``: the parameter dtype (default float32);
+* ``precision``: the ``jax.lax`` precision (default None: JAX's default);
+* ``kernel_init``: the kernel initializer (default Flax's, ``lecun_normal()``);
+* ``bias_init``: the bias initializer of the layers with a bias (default Flax's, zeros);
+* ``rngs``: random number streams for the initial parameters.
+
 Every gate has a ``from_torch(state_dict, **options)`` classmethod that builds
 it from the state dict of the PyTorch module it mirrors (torch tensors or
 NumPy arrays; torch itself is not imported). Sizes come from the weights; the
@@ -219,14 +232,8 @@ class SqueezeExcitation(_Gate):
     gate: maps the expanded vector to the scale (default ``nnx.sigmoid``).
     use_bias: whether both maps have a bias (default True).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
-    dtype: the computation dtype of the scale (default None: the promotion of the pooled
-      summary and the params, float32 by default); the output keeps the input's dtype.
-    param_dtype: the parameter dtype (default float32).
-    precision: both maps' ``jax.lax`` precision, as :class:`flax.nnx.Linear` takes it
-      (default None: JAX's default).
-    kernel_init: both maps' kernel initializer (default Flax's, ``lecun_normal()``).
-    bias_init: both maps' bias initializer (default Flax's, zeros).
-    rngs: random number streams for the initial parameters.
+    dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options
+      (see the module docstring) of both maps.
   """
 
   @flax_names
@@ -290,14 +297,8 @@ class EffectiveSqueezeExcitation(_Gate):
     gate: maps the projected vector to the scale (default ``jax.nn.hard_sigmoid``,
       ``relu6(x + 3) / 6``).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
-    dtype: the computation dtype of the scale (default None: the promotion of the pooled
-      summary and the params, float32 by default); the output keeps the input's dtype.
-    param_dtype: the parameter dtype (default float32).
-    precision: the projection's ``jax.lax`` precision, as :class:`flax.nnx.Linear` takes it
-      (default None: JAX's default).
-    kernel_init: the projection's kernel initializer (default Flax's, ``lecun_normal()``).
-    bias_init: the projection's bias initializer (default Flax's, zeros).
-    rngs: random number streams for the initial parameters.
+    dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options
+      (see the module docstring) of the projection.
   """
 
   @flax_names
@@ -373,14 +374,8 @@ class EfficientChannelAttention(_Gate):
     beta: the offset of the kernel-size rule (default 1).
     gate: maps the convolved vector to the scale (default ``nnx.sigmoid``).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
-    dtype: the computation dtype of the scale (default None: the promotion of the pooled
-      summary and the params, float32 by default); the output keeps the input's dtype.
-    param_dtype: the parameter dtype (default float32).
-    precision: the convolution's ``jax.lax`` precision, as :class:`flax.nnx.Conv` takes it
-      (default None: JAX's default).
-    kernel_init: the convolution's kernel initializer (default Flax's, ``lecun_normal()``).
-      The convolution has no bias, so there is no ``bias_init``.
-    rngs: random number streams for the initial parameters.
+    dtype, param_dtype, precision, kernel_init, rngs: the layer options (see the module
+      docstring) of the convolution. It has no bias, so there is no ``bias_init``.
   """
 
   @flax_names
@@ -473,16 +468,10 @@ class CBAM(_Gate):
     use_bias: whether the MLP layers have a bias (default False, as timm).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2);
       the spatial convolution has that many dims.
-    dtype: the computation dtype of the scale (default None: the promotion of the pooled
-      summary and the params, float32 by default); the output keeps the input's dtype.
-    param_dtype: the parameter dtype (default float32).
-    precision: the ``jax.lax`` precision of the MLP layers and the spatial convolution,
-      as :class:`flax.nnx.Linear` takes it (default None: JAX's default).
-    kernel_init: the kernel initializer of the MLP layers and the spatial convolution
-      (default Flax's, ``lecun_normal()``).
-    bias_init: the MLP layers' bias initializer, used when ``use_bias`` (default Flax's,
-      zeros). The BatchNorm keeps Flax's initial scale 1 and bias 0.
-    rngs: random number streams for the initial parameters.
+    dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options
+      (see the module docstring) of the MLP layers and the spatial convolution;
+      ``bias_init`` is used when ``use_bias``. The BatchNorm takes ``dtype`` and
+      ``param_dtype`` and keeps Flax's initial scale 1 and bias 0.
   """
 
   @flax_names
