@@ -127,3 +127,19 @@ def test_mut_extremum_propagates_nan_on_ynnpack_shapes():
   want = np.max(x, axis=(1, 2))  # NumPy propagates NaN
   np.testing.assert_array_equal(got, want)
   assert np.isnan(got[0, 5])
+
+
+def test_mut_max_pool_grad_on_tiling_windows_of_more_than_four_taps():
+  # 3x3 windows at stride 3 tile a 6x6 map (9 taps, over the 4 at which sums take the tiled
+  # scatter): each window's gradient goes to its one maximum (min: its one minimum), not to
+  # all nine cells. Mutation pass of issue 22: the sums' tiled scatter taken for a max too.
+  x = jnp.arange(36.0).reshape(1, 6, 6, 1)
+  weights = jnp.array([[1.0, 2.0], [3.0, 4.0]]).reshape(1, 2, 2, 1)
+  g = jax.jit(jax.grad(lambda v: (F.max_pool(v, 3, 3) * weights).sum()))(x)[0, :, :, 0]
+  want = np.zeros((6, 6), np.float32)
+  want[2, 2], want[2, 5], want[5, 2], want[5, 5] = 1, 2, 3, 4  # each block's bottom-right
+  np.testing.assert_array_equal(g, want)
+  g = jax.jit(jax.grad(lambda v: (F.min_pool(v, 3, 3) * weights).sum()))(x)[0, :, :, 0]
+  want = np.zeros((6, 6), np.float32)
+  want[0, 0], want[0, 3], want[3, 0], want[3, 3] = 1, 2, 3, 4  # each block's top-left
+  np.testing.assert_array_equal(g, want)
