@@ -67,6 +67,7 @@ from nnx_pool._args import (
   check_positive_int,
   flax_names,
 )
+from nnx_pool._jit import kernel
 from nnx_pool._layout import check_nonempty_spatial, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype, spatial_mean, true_divide
 from nnx_pool._select import extremum
@@ -102,6 +103,33 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None,
 def _scaled(x: jax.Array, scale: jax.Array) -> jax.Array:
   """``x * scale`` rounded once to ``x``'s dtype (the scale may be wider, e.g. float32)."""
   return (x * scale).astype(x.dtype)
+
+
+@kernel(static_argnums=1)
+def avg_max_summary(x: jax.Array, axes: tuple[int, ...] | None = None) -> jax.Array:
+  """timm's ``0.5 * x.mean(axes) + 0.5 * x.amax(axes)``, kept as size-1 axes (default: space).
+
+  The sum, its correctly rounded division and the combination are in float32 for
+  float16/bfloat16 inputs, rounded once to ``x``'s dtype; the max propagates NaN
+  and ties share its gradient, as ``torch.amax``.
+  """
+  axes = tuple(range(1, x.ndim - 1)) if axes is None else axes
+  acc = accumulation_dtype(x.dtype)
+  total = jnp.sum(x, axis=axes, keepdims=True, dtype=acc)
+  average = true_divide(total, math.prod(x.shape[a] for a in axes))
+  return (0.5 * average + 0.5 * extremum(x, axes, "max", keepdims=True).astype(acc)
+          ).astype(x.dtype)
+
+
+def check_use_running_average(value, module: str) -> bool | None:
+  """A gate's per-call ``use_running_average``: True, False or None (the module's mode)."""
+  if value is None:
+    return None
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(
+        f"{module}: `use_running_average` must be True, False or None (None: the module's "
+        f"mode, set by .eval() and .train()); got {value!r}.")
+  return bool(value)
 
 
 def _check_initializer(value, name: str) -> Initializer:
@@ -214,6 +242,14 @@ class SqueezeExcitation(_Gate):
   ``make_divisible(in_features * rd_ratio, rd_divisor, round_limit=0)``
   (64 channels give 8, 480 give 32).
 
+  timm ``SEModule``'s two options: ``add_maxpool=True`` squeezes with
+  ``0.5 * mean + 0.5 * max`` over space (the max propagates NaN, ties share its
+  gradient, as ``torch.amax``); ``norm=True`` puts a BatchNorm between ``fc1``
+  and the activation (timm's ``norm_layer=nn.BatchNorm2d``, rexnet's
+  ``SEWithNorm``), which, like every :class:`flax.nnx.BatchNorm`, starts in
+  training mode (batch statistics, momentum 0.9 = PyTorch's 0.1, epsilon 1e-5):
+  call ``.eval()`` for inference.
+
   Example usage::
 
     >>> import jax.numpy as jnp
@@ -231,9 +267,12 @@ class SqueezeExcitation(_Gate):
     activation: applied after the reduction (default ``nnx.relu``).
     gate: maps the expanded vector to the scale (default ``nnx.sigmoid``).
     use_bias: whether both maps have a bias (default True).
+    add_maxpool: squeeze with ``0.5 * mean + 0.5 * max`` (default False: the mean).
+    norm: a BatchNorm between ``fc1`` and the activation (default False).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
     dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options
-      (see the module docstring) of both maps.
+      (see the module docstring) of both maps. The BatchNorm takes ``dtype`` and
+      ``param_dtype`` and keeps Flax's initial scale 1 and bias 0.
   """
 
   @flax_names
@@ -241,18 +280,36 @@ class SqueezeExcitation(_Gate):
       self, in_features: int, squeeze_features: int | None = None, *,
       rd_ratio: float = 1 / 16, rd_divisor: int = 8,
       activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid, use_bias: bool = True,
+      add_maxpool: bool = False, norm: bool = False,
       num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
       kernel_init: Initializer = default_kernel_init,
       bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
     self._init_width(in_features, squeeze_features, rd_ratio, rd_divisor)
+    self.add_maxpool = check_bool(add_maxpool, "add_maxpool")
+    self.norm = check_bool(norm, "norm")
     layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
     self._init_mlp(activation, gate, use_bias, num_spatial_dims, layer, bias_init)
+    self.bn = (nnx.BatchNorm(self.squeeze_features, momentum=0.9, epsilon=1e-5, dtype=dtype,
+                             param_dtype=param_dtype, rngs=rngs) if self.norm else None)
 
-  def __call__(self, inputs) -> jax.Array:
-    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
+  def __call__(self, inputs, use_running_average: bool | None = None) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype.
+
+    Args:
+      inputs: the feature map.
+      use_running_average: with ``norm=True``, normalise with the BatchNorm's running
+        statistics (True) or the batch's, updating the running ones (False), for this
+        call only (default None: the module's mode, ``.eval()`` or ``.train()``), as
+        :class:`flax.nnx.BatchNorm` takes it; without a BatchNorm it changes nothing.
+    """
+    use_running_average = check_use_running_average(use_running_average, type(self).__name__)
     x, batch = self._prepare(inputs)
-    scale = self.gate(self.fc2(self.activation(self.fc1(spatial_mean(x)))))
+    squeezed = avg_max_summary(x) if self.add_maxpool else spatial_mean(x)
+    hidden = self.fc1(squeezed)
+    if self.bn is not None:
+      hidden = self.bn(hidden, use_running_average=use_running_average)
+    scale = self.gate(self.fc2(self.activation(hidden)))
     return unbatch(_scaled(x, scale), batch)
 
   @classmethod
@@ -260,13 +317,17 @@ class SqueezeExcitation(_Gate):
     """Builds the gate from a PyTorch squeeze-and-excitation state dict.
 
     Accepted key sets: torchvision ``SqueezeExcitation`` and timm ``SEModule``
-    (``fc1.weight``, ``fc2.weight``, with or without ``fc1.bias``/``fc2.bias``),
-    and timm EfficientNet ``SqueezeExcite`` (``conv_reduce.*``,
+    (``fc1.weight``, ``fc2.weight``, with or without ``fc1.bias``/``fc2.bias``,
+    and with ``bn.{weight, bias, running_mean, running_var}`` when timm's
+    ``norm_layer`` is a BatchNorm; ``bn.num_batches_tracked`` is accepted and
+    ignored), and timm EfficientNet ``SqueezeExcite`` (``conv_reduce.*``,
     ``conv_expand.*``). Weights are ``(out, in, 1, 1)`` or ``(out, in)``.
-    ``in_features``, ``squeeze_features`` and ``use_bias`` come from the
-    weights. Pass the peer's activation and gate when they are not ReLU and
-    sigmoid (EfficientNet: ``activation=nnx.silu``; MobileNetV3:
-    ``gate=jax.nn.hard_sigmoid``).
+    ``in_features``, ``squeeze_features``, ``use_bias`` and ``norm`` come from
+    the weights; ``add_maxpool`` does not (pass it). Pass the peer's activation
+    and gate when they are not ReLU and sigmoid (EfficientNet:
+    ``activation=nnx.silu``; MobileNetV3: ``gate=jax.nn.hard_sigmoid``). With
+    a BatchNorm the module is returned in training mode, as PyTorch's; call
+    ``.eval()``.
 
     Args:
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
@@ -357,6 +418,11 @@ class EfficientChannelAttention(_Gate):
   ``kernel_size`` is None, ``k`` comes from the channel count by
   :func:`eca_kernel_size` (64 channels give 3, 128 give 5, 2048 give 7).
 
+  ``circular=True`` is timm's ``CecaModule``: the channel vector is padded
+  circularly (``F.pad(y, (p, p), mode='circular')``), so the first and last
+  channels are neighbours. As PyTorch's circular padding, it wraps at most once:
+  ``(k - 1) // 2`` may not exceed the channel count.
+
   Example usage::
 
     >>> import jax.numpy as jnp
@@ -373,6 +439,8 @@ class EfficientChannelAttention(_Gate):
     gamma: the divisor of the kernel-size rule (default 2).
     beta: the offset of the kernel-size rule (default 1).
     gate: maps the convolved vector to the scale (default ``nnx.sigmoid``).
+    circular: pad the channel vector circularly, timm's ``CecaModule`` (default
+      False: zeros, ``EcaModule``).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
     dtype, param_dtype, precision, kernel_init, rngs: the layer options (see the module
       docstring) of the convolution. It has no bias, so there is no ``bias_init``.
@@ -381,7 +449,7 @@ class EfficientChannelAttention(_Gate):
   @flax_names
   def __init__(
       self, in_features: int | None = None, kernel_size: int | None = None, *,
-      gamma: float = 2, beta: float = 1, gate: Activation = nnx.sigmoid,
+      gamma: float = 2, beta: float = 1, gate: Activation = nnx.sigmoid, circular: bool = False,
       num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
       kernel_init: Initializer = default_kernel_init, rngs: nnx.Rngs,
   ):
@@ -400,14 +468,28 @@ class EfficientChannelAttention(_Gate):
       raise ValueError(
           f"`kernel_size` must be odd (the output keeps C channels); got {kernel_size}.")
     self.kernel_size = kernel_size
+    self.circular = check_bool(circular, "circular")
+    if self.circular and in_features is not None:
+      self._check_wrap(in_features)
     self._init_gate(gate, num_spatial_dims)
     layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
     pad = (kernel_size - 1) // 2
-    self.conv = nnx.Conv(1, 1, (kernel_size,), padding=((pad, pad),), use_bias=False, **layer)
+    padding = "CIRCULAR" if self.circular else ((pad, pad),)  # CIRCULAR: (k - 1) // 2 a side
+    self.conv = nnx.Conv(1, 1, (kernel_size,), padding=padding, use_bias=False, **layer)
+
+  def _check_wrap(self, channels: int) -> None:
+    pad = (self.kernel_size - 1) // 2
+    if pad > channels:
+      raise ValueError(
+          f"EfficientChannelAttention: circular padding of (kernel_size - 1) // 2 = {pad} "
+          f"channels a side wraps more than once around {channels} channels, which PyTorch's "
+          f"circular padding refuses; use a kernel_size of at most {2 * channels + 1}.")
 
   def __call__(self, inputs) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
+    if self.circular:
+      self._check_wrap(x.shape[-1])
     pooled = spatial_mean(x)
     signal = pooled.reshape(x.shape[0], x.shape[-1], 1)  # channels as a 1-D signal
     scale = self.gate(self.conv(signal)).reshape(pooled.shape)
@@ -417,6 +499,7 @@ class EfficientChannelAttention(_Gate):
   def from_torch(cls, state_dict: Mapping, **options):
     """Builds the gate from timm ``EcaModule``'s state dict (``conv.weight``, shape ``(1, 1, k)``).
 
+    timm ``CecaModule``'s state dict is the same: pass ``circular=True``.
     ``kernel_size`` comes from the weight; the weight does not hold the
     channel count, so pass ``in_features`` to have the input checked.
 
@@ -508,12 +591,7 @@ class CBAM(_Gate):
         call only (default None: the module's mode, ``.eval()`` or ``.train()``), as
         :class:`flax.nnx.BatchNorm` takes it.
     """
-    if use_running_average is not None:
-      if not isinstance(use_running_average, (bool, np.bool_)):
-        raise TypeError(
-            "CBAM: `use_running_average` must be True, False or None (None: the module's "
-            f"mode, set by .eval() and .train()); got {use_running_average!r}.")
-      use_running_average = bool(use_running_average)
+    use_running_average = check_use_running_average(use_running_average, type(self).__name__)
     x, batch = self._prepare(inputs)
     space = tuple(range(1, x.ndim - 1))
 

@@ -62,6 +62,7 @@ The conversions on their own:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 
 import jax
@@ -197,27 +198,46 @@ def _eca_conv(shape: tuple[int, ...]) -> str | None:
   return None
 
 
-def _cbam_conv(shape: tuple[int, ...]) -> str | None:
-  if not (3 <= len(shape) <= 5 and shape[:2] == (1, 2)):
-    return f"must have shape (1, 2, k, ...) with 1 to 3 spatial dims; got {shape}."
-  return None
+def _cbam_conv(maps: int) -> Requirement:
+  """CBAM's spatial convolution from ``maps`` maps (2: mean and max; LightCBAM's 1) to one."""
+  def requirement(shape: tuple[int, ...]) -> str | None:
+    if not (3 <= len(shape) <= 5 and shape[:2] == (1, maps)):
+      return f"must have shape (1, {maps}, k, ...) with 1 to 3 spatial dims; got {shape}."
+    return None
+  return requirement
 
 
-def _cbam_rows(bias: bool) -> tuple[Row, ...]:
+def _cbam_rows(bias: bool, maps: int = 2) -> tuple[Row, ...]:
   return (*_mlp("channel.fc1", "channel.fc2", bias=bias),
-          Row("spatial.conv.conv.weight", "spatial_conv.kernel", conv_weight(_cbam_conv)),
+          Row("spatial.conv.conv.weight", "spatial_conv.kernel", conv_weight(_cbam_conv(maps))),
           *batch_norm("spatial.conv.bn", "spatial_norm"))
+
+
+def _conv_mlp(key: str) -> tuple[Row, ...]:
+  """timm's ConvMlp with LayerNorm2d (fc1, norm, fc2) into a module of the same names."""
+  return (*linear(f"{key}.fc1", f"{key}.fc1"), *layer_norm(f"{key}.norm", f"{key}.norm"),
+          *linear(f"{key}.fc2", f"{key}.fc2"))
+
+
+def _context_sizes(p: Mapping[str, np.ndarray]) -> dict:
+  fc1 = p["mlp_scale.fc1.kernel" if "mlp_scale.fc1.kernel" in p else "mlp_add.fc1.kernel"]
+  return dict(in_features=fc1.shape[0], squeeze_features=fc1.shape[1],
+              use_attn="conv_attn.kernel" in p, fuse_scale="mlp_scale.fc1.kernel" in p,
+              fuse_add="mlp_add.fc1.kernel" in p)
 
 
 TORCH_KEYS: dict[str, Loader] = {
     # torchvision SqueezeExcitation, timm SEModule (fc1/fc2), timm EfficientNet SqueezeExcite
     # (conv_reduce/conv_expand), with or without biases.
+    # timm SEModule(norm_layer=nn.BatchNorm2d) (rexnet's SEWithNorm): bn between fc1 and act.
     "SqueezeExcitation": Loader(
-        inferred=("in_features", "squeeze_features", "use_bias"),
-        key_sets=tuple(_mlp(reduce, expand, bias=bias)
-                       for reduce, expand in (("fc1", "fc2"), ("conv_reduce", "conv_expand"))
-                       for bias in (False, True)),
-        sizes=_mlp_sizes,
+        inferred=("in_features", "squeeze_features", "use_bias", "norm"),
+        key_sets=(*(_mlp(reduce, expand, bias=bias)
+                    for reduce, expand in (("fc1", "fc2"), ("conv_reduce", "conv_expand"))
+                    for bias in (False, True)),
+                  *((*_mlp("fc1", "fc2", bias=bias), *batch_norm("bn", "bn"))
+                    for bias in (False, True))),
+        sizes=lambda p: dict(_mlp_sizes(p), norm="bn.scale" in p),
     ),
     # timm EffectiveSEModule.
     "EffectiveSqueezeExcitation": Loader(
@@ -238,6 +258,32 @@ TORCH_KEYS: dict[str, Loader] = {
         key_sets=(_cbam_rows(bias=False), _cbam_rows(bias=True)),
         sizes=lambda p: dict(_mlp_sizes(p), spatial_kernel_size=p["spatial_conv.kernel"].shape[0],
                              num_spatial_dims=p["spatial_conv.kernel"].ndim - 2),
+    ),
+    # Issue 25, the generalized pools (nnx_pool._generalized) and timm's remaining gates
+    # (nnx_pool._context_gates); SqueezeExcitation's bn key sets are in its entry above.
+    # GeM as cnnimageretrieval-pytorch defines it: p = Parameter(torch.ones(1) * p).
+    "GeMPool": Loader(inferred=(), key_sets=((Row("p", "p"),),), sizes=lambda p: {}),
+    # timm LsePlus2d: r, a scalar Parameter or (r_learnable=False) buffer.
+    "LsePlusPool": Loader(inferred=(), key_sets=((Row("r", "r"),),), sizes=lambda p: {}),
+    # timm LightCbamModule: LightChannelAttn (mlp_bias False or True) and LightSpatialAttn's
+    # ConvNormAct(1, 1, k).
+    "LightCBAM": Loader(
+        inferred=("in_features", "squeeze_features", "use_bias", "spatial_kernel_size",
+                  "num_spatial_dims"),
+        key_sets=(_cbam_rows(bias=False, maps=1), _cbam_rows(bias=True, maps=1)),
+        sizes=lambda p: dict(_mlp_sizes(p), spatial_kernel_size=p["spatial_conv.kernel"].shape[0],
+                             num_spatial_dims=p["spatial_conv.kernel"].ndim - 2),
+    ),
+    # timm GlobalContext: conv_attn (use_attn) and mlp_scale and/or mlp_add, each a ConvMlp
+    # (fc1, LayerNorm2d norm, act, fc2).
+    "GlobalContext": Loader(
+        inferred=("in_features", "squeeze_features", "use_attn", "fuse_scale", "fuse_add"),
+        key_sets=tuple((*(linear("conv_attn", "conv_attn") if attn else ()),
+                        *(_conv_mlp("mlp_scale") if scale else ()),
+                        *(_conv_mlp("mlp_add") if add else ()))
+                       for attn in (True, False)
+                       for scale, add in ((True, False), (False, True), (True, True))),
+        sizes=_context_sizes,
     ),
 }
 
@@ -274,7 +320,13 @@ def load(cls: type, loader: Loader, state_dict: Mapping, options: Mapping) -> nn
     for i, part in enumerate(np.split(value, parts, axis=-1)):
       values[row.target[i]] = (part, f"{name}, part {i + 1} of {parts}")
   sizes = loader.sizes({path: value for path, (value, _) in values.items()})
-  instance = nnx.eval_shape(lambda: cls(**sizes, **options, rngs=nnx.Rngs(0)))
+  # A module without parameters to initialise (GeMPool) takes no rngs.
+  takes_rngs = "rngs" in inspect.signature(cls.__init__).parameters
+
+  def build():
+    return cls(**sizes, **options, **({"rngs": nnx.Rngs(0)} if takes_rngs else {}))
+
+  instance = nnx.eval_shape(build)
   for path, (value, name) in values.items():
     _assign(_variable(instance, path), value, name, module)
   return _check_loaded(instance)

@@ -700,3 +700,51 @@ def max_unpool(
           )
         out[(n, *_unflat_index(index, out_spatial), c)] = x[(n, *pos, c)]
   return out
+
+
+# ----------------------------------------------------------------------------
+# Generalized global pools (issue 25): GeM and timm's LsePlus2d.
+# ----------------------------------------------------------------------------
+
+
+def _global_input(x: object) -> np.ndarray:
+  """``x`` as a float ndarray ``(N, *spatial, C)`` with 1 to 3 non-empty spatial dims."""
+  x = np.asarray(x)
+  if not 3 <= x.ndim <= 5:
+    raise ValueError(f"x must have shape (N, *spatial, C) with 1 to 3 spatial dims, got {x.shape}")
+  if not np.issubdtype(x.dtype, np.floating):
+    raise ValueError(f"x must have a floating dtype, got {x.dtype}")
+  if 0 in x.shape[1:-1]:
+    raise ValueError(f"x must have non-empty spatial dims, got {x.shape}")
+  return x
+
+
+def gem_pool(x: np.ndarray, p: float = 3.0, eps: float = 1e-6) -> np.ndarray:
+  """Generalized mean over space, as cnnimageretrieval-pytorch's ``gem``: shape ``(N, C)``.
+
+  ``avg_pool2d(x.clamp(min=eps).pow(p), (H, W)).pow(1. / p)``: each cell raised to
+  ``eps`` when below it (NaN stays NaN), to the power ``p``, averaged over every
+  spatial cell, and the ``1 / p``-th root taken; float64, cast to ``x.dtype``.
+  """
+  x = _global_input(x)
+  wide = x.astype(np.float64)
+  clamped = np.where(wide < eps, eps, wide)
+  cells = math.prod(x.shape[1:-1])
+  total = (clamped ** p).reshape(x.shape[0], cells, x.shape[-1]).sum(axis=1)
+  return ((total / cells) ** (1.0 / p)).astype(x.dtype)
+
+
+def lse_plus_pool(x: np.ndarray, r: float = 10.0) -> np.ndarray:
+  """timm's ``LsePlus2d``: ``x_max + log(mean over space of exp(r (x - x_max))) / r``, ``(N, C)``.
+
+  ``x_max`` is the max over every spatial cell of a channel (NaN if any is NaN);
+  float64, cast to ``x.dtype``.
+  """
+  x = _global_input(x)
+  flat = x.astype(np.float64).reshape(x.shape[0], -1, x.shape[-1])
+  x_max = flat.max(axis=1, keepdims=True)
+  mean_exp = np.exp(r * (flat - x_max)).mean(axis=1)
+  return (x_max[:, 0] + np.log(mean_exp) / r).astype(x.dtype)
+
+
+__all__ += ["gem_pool", "lse_plus_pool"]

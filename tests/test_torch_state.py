@@ -22,12 +22,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from nnx_pool._context_gates import GlobalContext, LightCBAM
 from nnx_pool._gates import (
   CBAM,
   EffectiveSqueezeExcitation,
   EfficientChannelAttention,
   SqueezeExcitation,
 )
+from nnx_pool._generalized import GeMPool, LsePlusPool
 from nnx_pool._torch_state import (
   TORCH_KEYS,
   Loader,
@@ -93,16 +95,58 @@ def _mlp_expected(sd, reduce, expand, bias):
   return expected
 
 
-def _cbam(conv_shape, transpose, bias, tracked):
+def _cbam(conv_shape, transpose, bias, tracked, cls=CBAM):
   shapes = {"channel.fc1.weight": (2, 8, 1, 1), "channel.fc2.weight": (8, 2, 1, 1)}
   if bias:
     shapes |= {"channel.fc1.bias": (2,), "channel.fc2.bias": (8,)}
   shapes |= {"spatial.conv.conv.weight": conv_shape, **_BN}
   if tracked:
     shapes["spatial.conv.bn.num_batches_tracked"] = ()
-  return (CBAM, shapes, lambda sd: {
+  return (cls, shapes, lambda sd: {
       **_mlp_expected(sd, "channel.fc1", "channel.fc2", bias),
       "spatial_conv.kernel": transpose(sd["spatial.conv.conv.weight"]), **_bn_expected(sd)})
+
+
+def _se_with_norm(bias, tracked):
+  # timm SEModule(norm_layer=nn.BatchNorm2d): fc1, bn (rd_channels), act, fc2.
+  shapes = {"fc1.weight": (2, 8, 1, 1), "fc2.weight": (8, 2, 1, 1)}
+  if bias:
+    shapes |= {"fc1.bias": (2,), "fc2.bias": (8,)}
+  shapes |= {f"bn.{name}": (2,) for name in ("weight", "bias", "running_mean", "running_var")}
+  if tracked:
+    shapes["bn.num_batches_tracked"] = ()
+  return (SqueezeExcitation, shapes, lambda sd: {
+      **_mlp_expected(sd, "fc1", "fc2", bias), "bn.scale": sd["bn.weight"],
+      "bn.bias": sd["bn.bias"], "bn.mean": sd["bn.running_mean"], "bn.var": sd["bn.running_var"]})
+
+
+def _conv_mlp(key):
+  # timm ConvMlp(C=8, hidden=2, norm_layer=LayerNorm2d): fc1 and fc2 1x1 convs with biases.
+  return {f"{key}.fc1.weight": (2, 8, 1, 1), f"{key}.fc1.bias": (2,), f"{key}.norm.weight": (2,),
+          f"{key}.norm.bias": (2,), f"{key}.fc2.weight": (8, 2, 1, 1), f"{key}.fc2.bias": (8,)}
+
+
+def _conv_mlp_expected(sd, key):
+  return {f"{key}.fc1.kernel": t_linear(sd[f"{key}.fc1.weight"]),
+          f"{key}.fc1.bias": sd[f"{key}.fc1.bias"],
+          f"{key}.norm.scale": sd[f"{key}.norm.weight"], f"{key}.norm.bias": sd[f"{key}.norm.bias"],
+          f"{key}.fc2.kernel": t_linear(sd[f"{key}.fc2.weight"]),
+          f"{key}.fc2.bias": sd[f"{key}.fc2.bias"]}
+
+
+def _global_context(attn, mlps):
+  shapes = {"conv_attn.weight": (1, 8, 1, 1), "conv_attn.bias": (1,)} if attn else {}
+  for key in mlps:
+    shapes |= _conv_mlp(key)
+
+  def expected(sd):
+    out = ({"conv_attn.kernel": t_linear(sd["conv_attn.weight"]),
+            "conv_attn.bias": sd["conv_attn.bias"]} if attn else {})
+    for key in mlps:
+      out |= _conv_mlp_expected(sd, key)
+    return out
+
+  return (GlobalContext, shapes, expected)
 
 
 # (class, {state-dict key: shape}, state dict -> {NNX path: expected value}): every key set
@@ -133,6 +177,21 @@ _CASES = {
         (1, 2, 5, 5), t_conv2, bias=True, tracked=False),
     "CBAM 1-D": _cbam((1, 2, 3), t_conv1, bias=False, tracked=False),
     "CBAM 3-D": _cbam((1, 2, 3, 3, 3), t_conv3, bias=True, tracked=True),
+    # Issue 25.
+    "timm SEModule norm_layer=BatchNorm2d (rexnet SEWithNorm)": _se_with_norm(True, True),
+    "timm SEModule bias=False with BatchNorm, no num_batches_tracked": _se_with_norm(False, False),
+    "cnnimageretrieval GeM": (GeMPool, {"p": (1,)}, lambda sd: {"p": sd["p"]}),
+    "timm LsePlus2d": (LsePlusPool, {"r": ()}, lambda sd: {"r": sd["r"]}),
+    "timm LightCbamModule": _cbam((1, 1, 3, 3), t_conv2, bias=False, tracked=True, cls=LightCBAM),
+    "timm LightCbamModule mlp_bias": _cbam((1, 1, 5, 5), t_conv2, bias=True, tracked=False,
+                                           cls=LightCBAM),
+    "LightCBAM 1-D": _cbam((1, 1, 3), t_conv1, bias=False, tracked=False, cls=LightCBAM),
+    "timm GlobalContext (default: attention, scale)": _global_context(True, ("mlp_scale",)),
+    "timm GlobalContext attention, add": _global_context(True, ("mlp_add",)),
+    "timm GlobalContext attention, scale and add": _global_context(True, ("mlp_scale", "mlp_add")),
+    "timm GlobalContext mean, scale": _global_context(False, ("mlp_scale",)),
+    "timm GlobalContext mean, add": _global_context(False, ("mlp_add",)),
+    "timm GlobalContext mean, scale and add": _global_context(False, ("mlp_scale", "mlp_add")),
 }
 
 
@@ -140,8 +199,9 @@ _CASES = {
 def test_every_key_set_loads_each_tensor_to_its_place(case):
   cls, shapes, expected_of = _CASES[case]
   sd = distinct_state(shapes)
-  if "spatial.conv.bn.num_batches_tracked" in sd:
-    sd["spatial.conv.bn.num_batches_tracked"] = np.int64(123)  # accepted, ignored
+  for key in sd:
+    if key.endswith("num_batches_tracked"):
+      sd[key] = np.int64(123)  # accepted, ignored
   got = params(cls.from_torch(sd))
   expected = expected_of(sd)
   assert sorted(got) == sorted(expected), case  # every parameter assigned, nothing else
@@ -156,7 +216,7 @@ def test_every_key_set_of_the_table_is_tested():
            for name, loader in TORCH_KEYS.items() for rows in loader.key_sets}
   tested = {(cls.__name__, frozenset(k for k in shapes if not k.endswith("num_batches_tracked")))
             for cls, shapes, _ in _CASES.values()}
-  assert table == tested  # (CBAM's three ranks share two key sets)
+  assert table == tested  # (CBAM's and LightCBAM's ranks share their key sets)
 
 
 def test_linear_and_conv_layouts_written_out():
@@ -174,14 +234,21 @@ def test_linear_and_conv_layouts_written_out():
     conv_weight()(np.zeros((2, 3)), "conv.weight", "M")
 
 
+_SE_BN = ("bn.bias, bn.running_mean, bn.running_var, bn.weight, {fc} (optional: "
+          "bn.num_batches_tracked)")
 _SE_KEYS = ("fc1.weight, fc2.weight; fc1.bias, fc1.weight, fc2.bias, fc2.weight; "
             "conv_expand.weight, conv_reduce.weight; conv_expand.bias, conv_expand.weight, "
-            "conv_reduce.bias, conv_reduce.weight")
+            "conv_reduce.bias, conv_reduce.weight; "
+            + _SE_BN.format(fc="fc1.weight, fc2.weight") + "; "
+            + _SE_BN.format(fc="fc1.bias, fc1.weight, fc2.bias, fc2.weight"))
 _PREFIX_HINT = ("Strip any parent prefix first, e.g. {k.removeprefix('se.'): v for k, v in "
                 "sd.items() if k.startswith('se.')}.")
 
 
 @pytest.mark.parametrize(("state", "message"), [
+    ({"fc1.weight": np.zeros((2, 8)), "fc2.weight": np.zeros((8, 2)), "se.weight": np.zeros(2)},
+     f"SqueezeExcitation.from_torch: unexpected state-dict keys. Expected one of: {_SE_KEYS}. "
+     f"Received: fc1.weight, fc2.weight, se.weight. {_PREFIX_HINT}"),
     ({"fc1.weight": np.zeros((2, 8)), "fc2.weight": np.zeros((8, 2)), "bn.weight": np.zeros(2)},
      f"SqueezeExcitation.from_torch: unexpected state-dict keys. Expected one of: {_SE_KEYS}. "
      f"Received: bn.weight, fc1.weight, fc2.weight. {_PREFIX_HINT}"),
@@ -194,7 +261,8 @@ _PREFIX_HINT = ("Strip any parent prefix first, e.g. {k.removeprefix('se.'): v f
     ({"fc1.weight": np.zeros((2, 8)), "fc1.bias": np.zeros(3), "fc2.weight": np.zeros((8, 2)),
       "fc2.bias": np.zeros(8)},
      "SqueezeExcitation.from_torch: `fc1.bias` has shape (3,); expected (2,)."),
-], ids=["an unknown key", "a missing key", "no keys", "a mis-shaped bias"])
+], ids=["an unknown key", "a BatchNorm without its statistics", "a missing key", "no keys",
+        "a mis-shaped bias"])
 def test_one_error_names_expected_and_received_keys(state, message):
   with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
     SqueezeExcitation.from_torch(state)

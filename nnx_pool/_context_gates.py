@@ -1,0 +1,305 @@
+"""timm's remaining gates: the light CBAM and GCNet's global context, channels-last.
+
+* :class:`LightCBAM`: timm's ``LightCbamModule``, CBAM with one MLP on
+  ``0.5 * mean + 0.5 * max`` and a spatial gate from one map;
+* :class:`GlobalContext`: GCNet's global context block (Cao et al. 2019,
+  https://arxiv.org/abs/1904.11492) as timm's ``GlobalContext``.
+
+They follow the conventions of :mod:`nnx_pool._gates` (inputs, dtypes, the
+layer options ``dtype``, ``param_dtype``, ``precision``, ``kernel_init``,
+``bias_init`` and ``rngs``, and ``from_torch``); the sources are timm 1.0.31
+``timm/layers/cbam.py`` and ``timm/layers/global_context.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn.linear import default_bias_init, default_kernel_init
+from jax import lax
+
+from nnx_pool._args import check_bool, check_callable, check_positive_int, flax_names
+from nnx_pool._gates import (
+  Activation,
+  Initializer,
+  _check_initializer,
+  _Gate,
+  _layer_options,
+  _scaled,
+  _squeeze_width,
+  avg_max_summary,
+  check_use_running_average,
+)
+from nnx_pool._jit import kernel
+from nnx_pool._layout import unbatch
+from nnx_pool._numerics import spatial_mean
+from nnx_pool._torch_state import TORCH_KEYS, load
+
+
+class LightCBAM(_Gate):
+  """Light CBAM: ``x * sigmoid(mlp(avgmax over space))``, then ``* sigmoid(norm(conv(avgmax)))``.
+
+  timm's ``LightCbamModule`` (timm 1.0.31 ``timm/layers/cbam.py``), an
+  experimental lighter :class:`~nnx_pool.CBAM` (Woo et al. 2018,
+  https://arxiv.org/abs/1807.06521). Each "avgmax" is ``0.5 * mean + 0.5 * max``:
+
+  1. channel attention (``LightChannelAttn``): one pass of the MLP
+     ``fc2(activation(fc1(.)))`` on the avgmax over space;
+  2. spatial attention (``LightSpatialAttn``): the avgmax over channels, one map,
+     through a ``spatial_kernel_size`` convolution from 1 map to 1 without bias,
+     zero padded to keep the size, and a one-channel BatchNorm, without an
+     activation (timm's ``ConvNormAct(1, 1, k, apply_act=False)``).
+
+  Both gates are sigmoids, whatever timm's ``gate_layer``: ``LightChannelAttn``
+  calls ``F.sigmoid`` and ``LightSpatialAttn`` is built without the argument, so
+  there is no ``gate`` to choose. The BatchNorm starts in training mode
+  (momentum 0.9 = PyTorch's 0.1, epsilon 1e-5), as every
+  :class:`flax.nnx.BatchNorm`: call ``.eval()`` for inference. Summaries as
+  :func:`nnx_pool._gates.avg_max_summary` computes them.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from nnx_pool import LightCBAM
+    >>> cbam = LightCBAM(32, rngs=nnx.Rngs(0))
+    >>> cbam.fc1.kernel.shape, cbam.spatial_conv.kernel.shape, cbam(jnp.ones((2, 8, 8, 32))).shape
+    ((32, 2), (7, 7, 1, 1), (2, 8, 8, 32))
+
+  Args:
+    in_features: the channel count ``C``.
+    squeeze_features: the MLP's hidden width (default None: from ``rd_ratio``).
+    rd_ratio: the reduction ratio when ``squeeze_features`` is None (default 1/16).
+    rd_divisor: the hidden width is rounded to a multiple of this (default 1).
+    spatial_kernel_size: the odd size of the spatial convolution (default 7).
+    activation: the MLP's activation (default ``nnx.relu``).
+    use_bias: whether the MLP layers have a bias (default False, as timm's ``mlp_bias``).
+    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2);
+      the spatial convolution has that many dims.
+    dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options
+      of the MLP layers and the spatial convolution; ``bias_init`` is used when
+      ``use_bias``. The BatchNorm takes ``dtype`` and ``param_dtype`` and keeps
+      Flax's initial scale 1 and bias 0.
+  """
+
+  @flax_names
+  def __init__(
+      self, in_features: int, squeeze_features: int | None = None, *,
+      rd_ratio: float = 1 / 16, rd_divisor: int = 1, spatial_kernel_size: int = 7,
+      activation: Activation = nnx.relu, use_bias: bool = False,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      kernel_init: Initializer = default_kernel_init,
+      bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
+  ):
+    self._init_width(in_features, squeeze_features, rd_ratio, rd_divisor)
+    k = check_positive_int(spatial_kernel_size, "spatial_kernel_size")
+    if k % 2 == 0:
+      raise ValueError(f"`spatial_kernel_size` must be odd (to keep the size); got {k}.")
+    self.spatial_kernel_size = k
+    layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
+    self._init_mlp(activation, nnx.sigmoid, use_bias, num_spatial_dims, layer, bias_init)
+    pad = ((k - 1) // 2, (k - 1) // 2)
+    self.spatial_conv = nnx.Conv(
+        1, 1, (k,) * self.num_spatial_dims, padding=(pad,) * self.num_spatial_dims,
+        use_bias=False, **layer,
+    )
+    self.spatial_norm = nnx.BatchNorm(
+        1, momentum=0.9, epsilon=1e-5, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+  def __call__(self, inputs, use_running_average: bool | None = None) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype.
+
+    Args:
+      inputs: the feature map.
+      use_running_average: normalise the spatial map with the BatchNorm's running
+        statistics (True) or the batch's, updating the running ones (False), for this
+        call only (default None: the module's mode, ``.eval()`` or ``.train()``), as
+        :class:`flax.nnx.BatchNorm` takes it.
+    """
+    use_running_average = check_use_running_average(use_running_average, type(self).__name__)
+    x, batch = self._prepare(inputs)
+    x = _scaled(x, self.gate(self.fc2(self.activation(self.fc1(avg_max_summary(x))))))
+    normed = self.spatial_norm(self.spatial_conv(avg_max_summary(x, (x.ndim - 1,))),
+                               use_running_average=use_running_average)
+    return unbatch(_scaled(x, self.gate(normed)), batch)
+
+  @classmethod
+  def from_torch(cls, state_dict: Mapping, **options):
+    """Builds the gate from timm ``LightCbamModule``'s state dict.
+
+    Keys: ``channel.fc1.weight``, ``channel.fc2.weight`` (with or without
+    ``channel.fc1.bias``/``channel.fc2.bias``), ``spatial.conv.conv.weight``
+    ``(1, 1, k, k)`` and ``spatial.conv.bn.{weight, bias, running_mean,
+    running_var}`` (``num_batches_tracked`` is accepted and ignored).
+    ``in_features``, ``squeeze_features``, ``use_bias``,
+    ``spatial_kernel_size`` and ``num_spatial_dims`` come from the weights. The
+    module is returned in training mode, as PyTorch's; call ``.eval()``.
+
+    Args:
+      state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
+      **options: other constructor arguments (``activation``, ``dtype``...).
+    """
+    return load(cls, TORCH_KEYS["LightCBAM"], state_dict, options)
+
+
+class _ConvMlp(nnx.Module):
+  """timm's ``ConvMlp`` with ``LayerNorm2d`` on a pooled ``(N, C)`` vector: fc1, norm, act, fc2.
+
+  The 1x1 convolutions are :class:`flax.nnx.Linear` layers with biases; the norm
+  is over the hidden channels with timm's ``LayerNorm2d`` epsilon, 1e-6, and
+  PyTorch's variance (``E[(x - mean)^2]``, not Flax's fast ``E[x^2] - mean^2``).
+  """
+
+  def __init__(self, in_features: int, hidden: int, activation: Activation, layer: dict,
+               bias_init: Initializer, *, zero_last: bool = False):
+    self.fc1 = nnx.Linear(in_features, hidden, bias_init=bias_init, **layer)
+    self.norm = nnx.LayerNorm(hidden, epsilon=1e-6, use_fast_variance=False,
+                              dtype=layer["dtype"], param_dtype=layer["param_dtype"],
+                              rngs=layer["rngs"])
+    self.activation = activation
+    if zero_last:
+      layer = dict(layer, kernel_init=nnx.initializers.zeros_init())
+    self.fc2 = nnx.Linear(hidden, in_features, bias_init=bias_init, **layer)
+
+  def __call__(self, v: jax.Array) -> jax.Array:
+    return self.fc2(self.activation(self.norm(self.fc1(v))))
+
+
+@kernel()
+def softmax_pool(x: jax.Array, logits: jax.Array) -> jax.Array:
+  """``sum over space of x * softmax over space of logits``, ``(N, C)``, rounded to ``x``'s dtype.
+
+  ``logits`` is ``(N, *spatial, 1)``. The softmax and the weighted sum are in
+  float32 at least (the wider of ``x``'s and the logits' dtypes), the sum at
+  full precision (timm's ``x @ attn``).
+  """
+  n, c = x.shape[0], x.shape[-1]
+  dtype = jnp.promote_types(jnp.promote_types(x.dtype, logits.dtype), jnp.float32)
+  weights = jax.nn.softmax(logits.reshape(n, -1).astype(dtype), axis=-1)
+  context = jnp.einsum("nsc,ns->nc", x.reshape(n, -1, c).astype(dtype), weights,
+                       precision=lax.Precision.HIGHEST)
+  return context.astype(x.dtype)
+
+
+class GlobalContext(_Gate):
+  """Global context block: ``x * gate(mlp_scale(context)) + mlp_add(context)``, GCNet's.
+
+  Cao et al., "GCNet: Non-local Networks Meet Squeeze-Excitation Networks and
+  Beyond", ICCVW 2019, https://arxiv.org/abs/1904.11492, as timm's
+  ``GlobalContext`` (timm 1.0.31 ``timm/layers/global_context.py``; the block of
+  ``gcresnet*``, ``gcresnext26ts`` and ``gc_efficientnetv2_rw_t``):
+
+  1. the context is attention pooling, ``sum over space of x * softmax over space
+     of conv_attn(x)`` with ``conv_attn`` a C-to-1 projection with bias (the mean
+     over space with ``use_attn=False``);
+  2. ``fuse_scale`` (default): ``x * gate(mlp_scale(context))``;
+     ``fuse_add``: ``+ mlp_add(context)``; either or both, each MLP timm's
+     ``ConvMlp``: ``fc2(activation(LayerNorm(fc1(.))))``, the LayerNorm over the
+     hidden channels with epsilon 1e-6 (timm's ``LayerNorm2d``).
+
+  The context is computed in float32 for float16/bfloat16 inputs and rounded to
+  the input's dtype; the output ``x * scale + add`` is rounded once. When
+  ``squeeze_features`` is None the hidden width is timm's
+  ``make_divisible(in_features * rd_ratio, rd_divisor, round_limit=0)``.
+
+  Initialisation: ``mlp_add``'s last kernel starts at zero, as timm's
+  ``reset_parameters`` sets it (so the block starts as the identity plus a
+  bias); ``init_last_zero=True`` also zeroes ``mlp_scale``'s last kernel, as
+  GCNet's own ``last_zero_init`` does (timm 1.0.31 stores the flag and does not
+  read it). Weights loaded by :meth:`from_torch` are unaffected.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from nnx_pool import GlobalContext
+    >>> gc = GlobalContext(64, fuse_add=True, rngs=nnx.Rngs(0))
+    >>> gc.conv_attn.kernel.shape, gc.mlp_scale.fc1.kernel.shape, gc(jnp.ones((2, 7, 7, 64))).shape
+    ((64, 1), (64, 8), (2, 7, 7, 64))
+
+  Args:
+    in_features: the channel count ``C``.
+    use_attn: pool by attention (default True), else by the mean.
+    fuse_add: add ``mlp_add(context)`` (default False).
+    fuse_scale: multiply by ``gate(mlp_scale(context))`` (default True); at least
+      one of the two.
+    init_last_zero: ``mlp_scale``'s last kernel starts at zero too (default False).
+    rd_ratio: the reduction ratio when ``squeeze_features`` is None (default 1/8).
+    squeeze_features: the MLPs' hidden width (default None: from ``rd_ratio``).
+    rd_divisor: the hidden width is rounded to a multiple of this (default 1).
+    activation: the MLPs' activation (default ``nnx.relu``).
+    gate: maps ``mlp_scale``'s output to the scale (default ``nnx.sigmoid``).
+    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
+    dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options of
+      ``conv_attn`` and the MLPs' layers (see :mod:`nnx_pool._gates`). The LayerNorms
+      take ``dtype`` and ``param_dtype`` and keep Flax's initial scale 1 and bias 0.
+  """
+
+  @flax_names
+  def __init__(
+      self, in_features: int, *, use_attn: bool = True, fuse_add: bool = False,
+      fuse_scale: bool = True, init_last_zero: bool = False, rd_ratio: float = 1 / 8,
+      squeeze_features: int | None = None, rd_divisor: int = 1,
+      activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid,
+      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      kernel_init: Initializer = default_kernel_init,
+      bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
+  ):
+    self.in_features = check_positive_int(in_features, "in_features")
+    self.squeeze_features = _squeeze_width(self.in_features, squeeze_features, rd_ratio,
+                                           rd_divisor)
+    self.use_attn = check_bool(use_attn, "use_attn")
+    self.fuse_add = check_bool(fuse_add, "fuse_add")
+    self.fuse_scale = check_bool(fuse_scale, "fuse_scale")
+    init_last_zero = check_bool(init_last_zero, "init_last_zero")
+    if not (self.fuse_add or self.fuse_scale):
+      raise ValueError(
+          "GlobalContext needs fuse_scale=True or fuse_add=True (or both); with neither it "
+          "would return its input unchanged. Got fuse_scale=False, fuse_add=False.")
+    self.activation = check_callable(activation, "activation")
+    self._init_gate(gate, num_spatial_dims)
+    layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
+    bias_init = _check_initializer(bias_init, "bias_init")
+    self.conv_attn = (nnx.Linear(self.in_features, 1, bias_init=bias_init, **layer)
+                      if self.use_attn else None)
+    self.mlp_scale = (_ConvMlp(self.in_features, self.squeeze_features, self.activation, layer,
+                               bias_init, zero_last=init_last_zero)
+                      if self.fuse_scale else None)
+    self.mlp_add = (_ConvMlp(self.in_features, self.squeeze_features, self.activation, layer,
+                             bias_init, zero_last=True)
+                    if self.fuse_add else None)
+
+  def __call__(self, inputs) -> jax.Array:
+    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
+    x, batch = self._prepare(inputs)
+    n, c = x.shape[0], x.shape[-1]
+    if self.conv_attn is not None:
+      context = softmax_pool(x, self.conv_attn(x))
+    else:
+      context = spatial_mean(x).reshape(n, c)
+    per_pixel = (n, *(1,) * (x.ndim - 2), c)  # broadcasts over space
+    y = x
+    if self.mlp_scale is not None:
+      y = y * self.gate(self.mlp_scale(context)).reshape(per_pixel)
+    if self.mlp_add is not None:
+      y = y + self.mlp_add(context).reshape(per_pixel)
+    return unbatch(y.astype(x.dtype), batch)
+
+  @classmethod
+  def from_torch(cls, state_dict: Mapping, **options):
+    """Builds the block from timm ``GlobalContext``'s state dict.
+
+    Keys: ``conv_attn.{weight, bias}`` (``use_attn=True``; weight ``(1, C, 1, 1)``)
+    and ``mlp_scale.*`` and/or ``mlp_add.*``, each ``fc1.{weight, bias}``,
+    ``norm.{weight, bias}``, ``fc2.{weight, bias}``. ``in_features``,
+    ``squeeze_features``, ``use_attn``, ``fuse_scale`` and ``fuse_add`` come from
+    the keys and weights.
+
+    Args:
+      state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
+      **options: other constructor arguments (``activation``, ``gate``, ``dtype``...).
+    """
+    return load(cls, TORCH_KEYS["GlobalContext"], state_dict, options)
