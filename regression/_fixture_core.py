@@ -1,18 +1,38 @@
-"""The numeric half of the ``nnx_regression`` fixture: run, store, compare.
+"""The numeric half of the ``nnx_regression`` fixture and of ``guard.Guard``.
 
-Kept apart from :mod:`nnx_pool.regression.pytest_plugin` so that loading the plugin
-does not import JAX; this module is imported on the first ``check`` call. It
-runs and compares through the same pipeline as the CLI
-(:func:`~nnx_pool.regression.runner.evaluate`, ``settle``, ``compare_results``).
+Kept apart from :mod:`nnx_pool.regression.pytest_plugin` so that loading the plugin does
+not import JAX. It runs a user's module (``check``) or the gradient of a loss
+(``check_grad``) under ``jax.jit`` and eagerly, through the pipeline the CLI uses
+(:func:`~nnx_pool.regression.runner.compile_and_time`, :func:`~nnx_pool.regression.runner.
+split_callable`), and compares a :class:`Recording` with a baseline.
 
-Arrays are keyed ``input/<i>``, ``weights/<path>`` (the module's
-``nnx.Param`` leaves), ``output[/<path>]`` (the jit result, one per output
-leaf) and ``output_eager[/<path>]``.
+A fixture baseline (format version 3) holds, as arrays, the inputs (``input/<i>``) and one
+result per output leaf (``output[/<path>]``; for ``check_grad`` ``loss`` and
+``grad/<path>``): the jit and the eager result are both compared with it, so nothing is
+stored twice. Its manifest holds the model's state schema, its mode flags, a fingerprint of
+every variable (:func:`~nnx_pool.regression.model_state.weight_fingerprints`) and of every
+submodule's output. With ``store_params=True`` the model's state (every variable but the PRNG
+keys) is stored whole, once per set of weights, in ``<root>/_weights/<16 hex>/`` (a baseline
+directory of its own, named by a digest of its contents, shared by every test that stores
+the same weights), and loaded into the model before it runs.
+
+A failing check writes what it obtained beside the baseline, ``<name>.obtained/`` (the same
+format, kind ``pytest-obtained``, eager results included), so that :func:`report_from_disk`
+(``nnx-pool-regression report DIR``) can draw the report again without the model.
+
+Format version 2 (nnx-pool 0.1.0) stored ``output`` and ``output_eager`` and the full
+``weights/<path>`` parameters; it still loads: its ``output`` is compared, its weights are
+compared by digest, and there is no schema, mode or per-layer fingerprint to compare.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,35 +40,72 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from nnx_pool.regression import store
-from nnx_pool.regression.report import Report, Row, Timing, recorded_label, render
-from nnx_pool.regression.runner import (
-    Execution,
-    compare_results,
-    evaluate,
-    param_arrays,
-    settle,
-    split_callable,
-    to_numpy,
-)
+from nnx_pool.regression import model_state, store
+from nnx_pool.regression.compare import Verdict, compare_arrays
+from nnx_pool.regression.report import FailedArray, Report, Row, Timing, recorded_label
+from nnx_pool.regression.runner import compile_and_time, eager_key, split_callable, to_numpy
 from nnx_pool.regression.stamp import stamp_changes
-from nnx_pool.regression.store import BaselineError
-from nnx_pool.regression.tolerance import tolerance_for
+from nnx_pool.regression.store import Baseline, BaselineError
+from nnx_pool.regression.tolerance import Tolerance, is_float, tolerance_for
 
 KIND = "pytest"
+OBTAINED_KIND = "pytest-obtained"
+WEIGHTS_KIND = "pytest-weights"
+WEIGHTS_DIR = "_weights"
+OBTAINED_SUFFIX = ".obtained"
 
 
-def _flatten(prefix: str, tree: Any) -> dict[str, np.ndarray]:
+@dataclasses.dataclass
+class Recording:
+  """What one run of a check produced, or what a baseline's ``obtained`` file holds.
+
+  Attributes:
+    mode: ``check`` or ``check_grad``.
+    results: the jit results by key (``output``, ``loss``, ``grad/<path>``).
+    eager: the eager results, by the same keys.
+    inputs: the inputs by key (``input/<i>``).
+    tolerances: each result's tolerance.
+    model: for a module, ``{"type", "schema", "modes", "weights", "layers"}``: what
+      :mod:`~nnx_pool.regression.model_state` says of the model that ran; None for a function.
+    fresh: the fingerprints of the model's own (fresh) weights when stored weights were
+      loaded over them; None when the model ran with its own.
+    weight_arrays: the state to store with ``store_params`` (dotted path -> array).
+    weights_set: the stored weight set the run loaded (its 16-hex name), or None.
+    jit_eager_agree: whether every eager result is within tolerance of the jit one.
+    compile_s, steady_s: compile time and steady-state median of the jitted call.
+  """
+
+  mode: str
+  results: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  eager: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  inputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  tolerances: dict[str, Tolerance] = dataclasses.field(default_factory=dict)
+  model: dict[str, Any] | None = None
+  fresh: list[dict[str, Any]] | None = None
+  weight_arrays: dict[str, np.ndarray] | None = None
+  weights_set: str | None = None
+  jit_eager_agree: bool = True
+  compile_s: float | None = None
+  steady_s: float | None = None
+
+
+# ----------------------------------------------------------------------- running
+
+
+def _flatten(prefix: str, tree: Any, separator: str = "/") -> dict[str, np.ndarray]:
   leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
   out = {}
   for path, leaf in leaves:
-    suffix = jax.tree_util.keystr(path, simple=True, separator="/")
+    suffix = jax.tree_util.keystr(path, simple=True, separator=separator)
+    suffix = suffix.removesuffix(f"{separator}value")  # an nnx.State leaf in Flax 0.11
     out[f"{prefix}/{suffix}" if suffix else prefix] = to_numpy(leaf)
   return out
 
 
-def _as_input(value: Any, index: int) -> jax.Array:
+def as_input(value: Any, index: int) -> jax.Array:
+  """An input as a JAX array; anything but an array or a number is refused."""
   if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool)):
     return jnp.asarray(value)
   raise TypeError(
@@ -57,27 +114,123 @@ def _as_input(value: Any, index: int) -> jax.Array:
   )
 
 
-def execute(
-    module_or_fn: Any, inputs: Sequence[Any], *, rtol: float | None, atol: float | None
-) -> Execution:
+def _prepare(model: nnx.Module, weights: Mapping[str, np.ndarray] | None, store_params: bool,
+             rec: Recording) -> nnx.Module:
+  """Describes the model into ``rec``; returns the module to run (a copy when weights load)."""
+  rec.model = {"type": type(model).__name__, "schema": model_state.schema(model),
+               "modes": model_state.modes(model)}
+  if weights is not None:
+    rec.fresh = model_state.weight_fingerprints(model)
+    model = nnx.merge(*nnx.split(model), copy=True)
+    model_state.load_weights(model, weights)
+  rec.model["weights"] = model_state.weight_fingerprints(model)
+  if store_params:
+    rec.weight_arrays = model_state.storable(model)
+  return model
+
+
+def _eager_copy(model: nnx.Module) -> nnx.Module:
+  return nnx.merge(*nnx.split(model), copy=True)
+
+
+def execute(module_or_fn: Any, inputs: Sequence[Any], *, rtol: float | None,
+            atol: float | None, weights: Mapping[str, np.ndarray] | None = None,
+            store_params: bool = False) -> Recording:
   """Runs ``module_or_fn(*inputs)`` under jit (after warmup) and eagerly.
 
-  The run's ``inputs`` hold ``input/<i>`` and ``weights/<path>``.
+  Args:
+    module_or_fn: an ``nnx.Module`` or a function of arrays.
+    inputs: the arrays to call it with.
+    rtol, atol: overrides of the output tolerance.
+    weights: stored weights to load into (a copy of) the module before it runs.
+    store_params: keep the module's state in the recording, to store.
   """
-  xs = tuple(_as_input(x, i) for i, x in enumerate(inputs))
-  apply, params = split_callable(module_or_fn)
-  run = Execution()
-  run.inputs = {f"input/{i}": to_numpy(x) for i, x in enumerate(xs)}
-  run.inputs.update({f"weights/{k}": v for k, v in param_arrays(params).items()})
-  evaluate(run, apply, (params, *xs), lambda out: _flatten("output", out))
-  settle(run, lambda key, dtype: tolerance_for("model", "output", dtype, rtol=rtol, atol=atol))
-  return run
+  xs = tuple(as_input(x, i) for i, x in enumerate(inputs))
+  rec = Recording("check")
+  rec.inputs = {f"input/{i}": to_numpy(x) for i, x in enumerate(xs)}
+  target = module_or_fn
+  if isinstance(module_or_fn, nnx.Module):
+    target = _prepare(module_or_fn, weights, store_params, rec)
+  apply, params, rest = split_callable(target)
+  out, rec.compile_s, rec.steady_s = compile_and_time(apply, (params, rest, *xs))
+  rec.results = _flatten("output", out)
+  if isinstance(target, nnx.Module):
+    copy = _eager_copy(target)
+    with model_state.capture(copy) as calls:
+      eager = copy(*xs)
+    rec.model["layers"] = calls
+  else:
+    eager = apply(params, rest, *xs)
+  rec.eager = _flatten("output", eager)
+  _settle(rec, lambda key, dtype: tolerance_for("model", "output", dtype, rtol=rtol, atol=atol))
+  return rec
 
 
-def nonfinite_outputs(run: Execution) -> str | None:
-  """Why a run's outputs are not all finite (chex's message), or None when they are."""
-  floats = {k: v for k, v in run.results.items() if np.issubdtype(v.dtype, np.inexact)
-            or v.dtype.name == "bfloat16"}
+def execute_grad(loss_fn: Callable[..., Any], model: nnx.Module, inputs: Sequence[Any], *,
+                 wrt: Any, rtol: float | None, atol: float | None,
+                 weights: Mapping[str, np.ndarray] | None = None,
+                 store_params: bool = False) -> Recording:
+  """Runs ``loss_fn(model, *inputs)`` and its gradient with respect to ``wrt`` state.
+
+  The gradient is ``nnx.grad``'s: of the loss with respect to the model's variables that
+  ``wrt`` selects (an ``nnx`` filter, ``nnx.Param`` by default), every other variable held
+  fixed. Both come in as arguments of the jitted function, so BatchNorm statistics, RNG
+  state and the rest work under the trace.
+
+  Raises:
+    TypeError: ``loss_fn`` is not callable or ``model`` is not an ``nnx.Module``.
+    ValueError: ``wrt`` selects no variable, or the loss is not a floating scalar.
+  """
+  if not callable(loss_fn):
+    raise TypeError(f"`loss_fn` must be a function loss_fn(model, *inputs); got "
+                    f"{type(loss_fn).__name__}.")
+  if not isinstance(model, nnx.Module):
+    raise TypeError(f"`model` must be an nnx.Module; got {type(model).__name__}. For a plain "
+                    "function, take its gradient yourself and use check().")
+  xs = tuple(as_input(x, i) for i, x in enumerate(inputs))
+  rec = Recording("check_grad")
+  rec.inputs = {f"input/{i}": to_numpy(x) for i, x in enumerate(xs)}
+  target = _prepare(model, weights, store_params, rec)
+  graphdef, diff, rest = nnx.split(target, wrt, ...)
+  if not jax.tree_util.tree_leaves(diff):
+    raise ValueError(f"`wrt` selects no variable of the model; got {wrt!r}. Pass an nnx filter "
+                     "such as nnx.Param (the default).")
+
+  def loss(diff, rest, *xs):
+    return loss_fn(nnx.merge(graphdef, diff, rest, copy=True), *xs)
+
+  shape = jax.eval_shape(loss, diff, rest, *xs)
+  if getattr(shape, "shape", None) != () or not is_float(shape.dtype):
+    raise ValueError(
+        f"`loss_fn` must return a floating scalar; got {getattr(shape, 'dtype', type(shape))}"
+        f"{list(getattr(shape, 'shape', []))}. Reduce it, e.g. return jnp.mean(...).")
+
+  def apply(diff, rest, *xs):
+    return jax.value_and_grad(loss)(diff, rest, *xs)
+
+  (value, grads), rec.compile_s, rec.steady_s = compile_and_time(apply, (diff, rest, *xs))
+  rec.results = {"loss": to_numpy(value), **_flatten("grad", grads)}
+  value, grads = apply(diff, rest, *xs)
+  rec.eager = {"loss": to_numpy(value), **_flatten("grad", grads)}
+  copy = _eager_copy(target)
+  with model_state.capture(copy) as calls:
+    loss_fn(copy, *xs)
+  rec.model["layers"] = calls
+  _settle(rec, lambda key, dtype: tolerance_for(
+      "gradient", "output" if key == "loss" else "grad_params", dtype, rtol=rtol, atol=atol))
+  return rec
+
+
+def _settle(rec: Recording, tolerance: Callable[[str, np.dtype], Tolerance]) -> None:
+  rec.tolerances = {key: tolerance(key, value.dtype) for key, value in rec.results.items()}
+  rec.jit_eager_agree = all(
+      compare_arrays(rec.eager[key], value, rec.tolerances[key]).passed
+      for key, value in rec.results.items() if key in rec.eager)
+
+
+def nonfinite_outputs(rec: Recording) -> str | None:
+  """Why a run's results are not all finite (chex's message), or None when they are."""
+  floats = {k: v for k, v in rec.results.items() if is_float(v.dtype)}
   try:
     chex.assert_tree_all_finite(floats)
   except AssertionError as e:
@@ -86,91 +239,388 @@ def nonfinite_outputs(run: Execution) -> str | None:
 
 
 def stamp_label(stamp: Mapping[str, Any]) -> str:
-  """``jax 0.10.2, cpu`` for messages."""
+  """``jax 0.10.2, flax 0.12.8, cpu`` for messages."""
   versions = stamp.get("versions", {})
   backend = stamp.get("backend", {})
   return f"jax {versions.get('jax')}, flax {versions.get('flax')}, {backend.get('platform')}"
 
 
-def _inputs(run: Execution, prefix: str) -> dict[str, np.ndarray]:
-  return {k: v for k, v in run.inputs.items() if k.startswith(prefix)}
+# ------------------------------------------------------------------------ storing
 
 
-def write(path: Path, run: Execution, stamp: Mapping[str, Any], *, nodeid: str, name: str) -> None:
-  """Writes (or replaces) the baseline at ``path``."""
-  fields = {
+def weights_root(path: Path) -> Path:
+  """Where the weight sets of the baseline at ``path`` live: ``<root>/_weights``."""
+  return Path(path).parent.parent / WEIGHTS_DIR
+
+
+def weights_name(arrays: Mapping[str, np.ndarray]) -> str:
+  """A weight set's name: 16 hex digits of the SHA-256 of its paths and array digests."""
+  table = sorted((path, store.digest(value)) for path, value in arrays.items())
+  return hashlib.sha256(json.dumps(table).encode()).hexdigest()[:16]
+
+
+def size_of(path: Path) -> int:
+  """Bytes of the files directly in a baseline directory (0 if there is none)."""
+  try:
+    return sum(entry.stat().st_size for entry in Path(path).iterdir() if entry.is_file())
+  except OSError:
+    return 0
+
+
+def megabytes(size: int) -> str:
+  """``2.1 MB``, ``236 KB``."""
+  if size >= 1e6:
+    return f"{size / 1e6:.1f} MB"
+  return f"{max(size / 1e3, 0.1):.0f} KB" if size >= 1e3 else f"{size} B"
+
+
+@dataclasses.dataclass
+class Written:
+  """What a write put on disk: the baseline's bytes, and its weight set's (if any)."""
+
+  size: int
+  weights: Path | None = None
+  weights_size: int = 0
+  weights_new: bool = False
+
+  def describe(self) -> str:
+    """``2.1 MB`` or ``2.1 MB, and weights 32.1 MB in _weights/<hex> (new)``."""
+    text = megabytes(self.size)
+    if self.weights is not None:
+      how = "written now" if self.weights_new else "shared, already stored"
+      text += (f", and its weights {megabytes(self.weights_size)} in "
+               f"{self.weights.parent.name}/{self.weights.name} ({how})")
+    return text
+
+
+def _fields(rec: Recording, stamp: Mapping[str, Any], *, nodeid: str, name: str,
+            weights_set: str | None) -> dict[str, Any]:
+  return {
       "kind": KIND,
       "stamp": dict(stamp),
       "test": nodeid,
       "name": name,
-      "inputs": sorted(_inputs(run, "input/")),
-      "weights": sorted(_inputs(run, "weights/")),
-      "results": {k: t.to_json() for k, t in sorted(run.tolerances.items())},
-      "jit_eager_agree": run.jit_eager_agree,
-      "timing": {"compile_s": run.compile_s, "steady_s": run.steady_s},
+      "mode": rec.mode,
+      "inputs": sorted(rec.inputs),
+      "results": {k: t.to_json() for k, t in sorted(rec.tolerances.items())},
+      "jit_eager_agree": rec.jit_eager_agree,
+      "timing": {"compile_s": rec.compile_s, "steady_s": rec.steady_s},
+      "model": rec.model,
+      "weights_set": weights_set,
   }
-  store.write_baseline(path, fields, {**run.inputs, **run.results}, force=True)
 
 
-def compare(path: Path, run: Execution, stamp: Mapping[str, Any], *, name: str) -> str | None:
-  """Compares a run with the baseline at ``path``; returns a failure report or None."""
+def _store_weights(path: Path, arrays: Mapping[str, np.ndarray]) -> tuple[Path, bool]:
+  """Writes a weight set under :func:`weights_root` unless it is there; ``(its dir, new)``."""
+  target = weights_root(path) / weights_name(arrays)
   try:
-    base = store.read_baseline(path)
+    store.read_baseline(target)
+    return target, False
+  except BaselineError:
+    pass
+  store.write_baseline(target, {"kind": WEIGHTS_KIND}, dict(arrays), force=True)
+  return target, True
+
+
+def write(path: Path, rec: Recording, stamp: Mapping[str, Any], *, nodeid: str,
+          name: str) -> Written:
+  """Writes (or replaces) the baseline at ``path``, and its weight set when one is kept.
+
+  Removes a stale ``obtained`` file beside it.
+  """
+  weights, new, weights_set = None, False, None
+  if rec.weight_arrays is not None:
+    weights, new = _store_weights(path, rec.weight_arrays)
+    weights_set = weights.name
+  store.write_baseline(path, _fields(rec, stamp, nodeid=nodeid, name=name,
+                                     weights_set=weights_set),
+                       {**rec.inputs, **rec.results}, force=True)
+  remove_obtained(path)
+  return Written(size_of(path), weights, size_of(weights) if weights else 0, new)
+
+
+def obtained_path(path: Path) -> Path:
+  """Where a failing check writes what it obtained: ``<name>.obtained`` beside the baseline."""
+  return Path(f"{path}{OBTAINED_SUFFIX}")
+
+
+def write_obtained(path: Path, rec: Recording, stamp: Mapping[str, Any], *, nodeid: str,
+                   name: str) -> Path:
+  """Writes this run's results (jit and eager) beside the baseline at ``path``."""
+  fields = _fields(rec, stamp, nodeid=nodeid, name=name, weights_set=rec.weights_set)
+  fields.update(kind=OBTAINED_KIND, fresh=rec.fresh)
+  eager = {eager_key(k): v for k, v in rec.eager.items()}
+  out = obtained_path(path)
+  store.write_baseline(out, fields, {**rec.inputs, **rec.results, **eager}, force=True)
+  return out
+
+
+def remove_obtained(path: Path) -> None:
+  """Removes the ``obtained`` file of a baseline, if it is one (nothing else is touched)."""
+  out = obtained_path(path)
+  try:
+    manifest = json.loads((out / store.MANIFEST).read_text())
+  except (OSError, ValueError):
+    return
+  if isinstance(manifest, dict) and manifest.get("kind") == OBTAINED_KIND:
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def load_weight_set(path: Path, manifest: Mapping[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
+  """The stored weights a baseline names: ``(name, arrays)``.
+
+  Raises:
+    BaselineError: the baseline names none, or the set is missing or damaged.
+  """
+  name = manifest.get("weights_set")
+  if not name:
+    raise BaselineError(
+        f"baseline {path}: holds no stored weights (it was recorded without store_params=True); "
+        "pass --nnx-regression-update to store them.")
+  try:
+    base = store.read_baseline(weights_root(path) / name)
   except BaselineError as e:
-    return f"nnx_regression: {e}"
+    raise BaselineError(f"{e} (the weights of baseline {path})") from None
+  return name, base.arrays
+
+
+# ---------------------------------------------------------------------- comparing
+
+
+def load(path: Path) -> Baseline:
+  """Reads a fixture baseline.
+
+  Raises:
+    BaselineError: see :func:`~nnx_pool.regression.store.read_baseline`; also when it is not
+      a fixture baseline.
+  """
+  base = store.read_baseline(path)
+  if base.manifest.get("kind") != KIND:
+    raise BaselineError(f"baseline {path}: is not a pytest fixture baseline (kind "
+                        f"{base.manifest.get('kind')!r}).")
+  return base
+
+
+def _result_keys(manifest: Mapping[str, Any]) -> list[str]:
+  """The stored result keys (format 2 also stored ``output_eager``: compared via ``output``)."""
+  return sorted(k for k in manifest.get("results", {}) if not k.split("/")[0].endswith("_eager"))
+
+
+def _v2_weights(base: Baseline) -> list[dict[str, Any]]:
+  """Fingerprints of a format-2 baseline's full ``weights/<path>`` parameters."""
+  return [{"path": key.removeprefix("weights/").replace("/", "."), "type": "Param",
+           "digest": store.digest(value)}
+          for key, value in sorted(base.arrays.items()) if key.startswith("weights/")]
+
+
+def _weights_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
+                  *, loaded: bool, order: Sequence[str]) -> str | None:
+  differ, params, paths = model_state.weight_changes(before, now, order)
+  if loaded:
+    if not paths:
+      return "weights: the stored weights were loaded before running; fresh initialisation " \
+             "still gives the same weights"
+    return (f"weights: the stored weights were loaded before running, so the outputs below do "
+            f"not depend on initialisation; fresh initialisation no longer matches them: "
+            f"{differ} of {params} parameter leaves differ (first: `{paths[0]}`)")
+  if not paths:
+    return None
+  return (f"the initialisation changed: {differ} of {params} parameter leaves differ (first: "
+          f"`{paths[0]}`); every output below ran on the new weights. Pass store_params=True to "
+          "load stored weights and compare the computation alone")
+
+
+def _spatial(key: str, array: np.ndarray) -> tuple[int, ...]:
+  """The map axes of a result in nnx-pool's channels-last layout (none for a gradient)."""
+  if key.startswith("grad") or array.ndim < 3:
+    return ()
+  return tuple(range(1, array.ndim - 1))
+
+
+def compare(base: Baseline, rec: Recording, stamp: Mapping[str, Any], *, name: str) -> Report:
+  """Compares a recording with a fixture baseline.
+
+  The report's first lines (:attr:`~nnx_pool.regression.report.Report.headline`) say what
+  changed about the model before any number: the state's schema, the mode flags, the
+  weights, the inputs, and the first submodule whose output moved. Then one row per result
+  (two, ``[jit]`` and ``[eager]``, where the two disagree with each other).
+
+  Returns:
+    The report, exit code 1 when anything differs, else 0.
+  """
   manifest = base.manifest
-  if manifest.get("kind") != KIND:
-    return f"nnx_regression: baseline {path} is not a pytest fixture baseline."
-  report = Report(
-      command="check", baseline=str(path), recorded=recorded_label(manifest), unit="arrays",
-      stamp=dict(stamp), baseline_stamp=manifest.get("stamp", {}),
-  )
+  report = Report(command="check", baseline=str(base.path), recorded=recorded_label(manifest),
+                  unit="arrays", stamp=dict(stamp), baseline_stamp=manifest.get("stamp", {}))
   report.stamp_changes = stamp_changes(manifest.get("stamp", {}), stamp)
   timing = manifest.get("timing", {})
   report.timings.append(
-      Timing(name, timing.get("compile_s"), run.compile_s, timing.get("steady_s"), run.steady_s)
-  )
-  problems = _input_problems(base.arrays, run)
-  expected = [k for k in base.arrays if k.startswith("output")]
-  for key, verdict in compare_results(run, base.arrays, expected).items():
-    if isinstance(verdict, str):
-      report.rows.append(Row(f"{name}:{key}", "FAIL", details=[verdict]))
-      continue
-    row = Row(f"{name}:{key}", "PASS" if verdict.passed else "FAIL", verdict.max_abs,
-              verdict.max_rel, run.tolerances[key].describe())
-    row.details += [] if verdict.passed else [verdict.message]
+      Timing(name, timing.get("compile_s"), rec.compile_s, timing.get("steady_s"), rec.steady_s))
+  lines = report.headline
+  problems = 0  # lines that make the check fail; the others inform
+  version = manifest.get("format_version")
+  old_model = manifest.get("model") or {}
+  if version == 2:
+    lines.append("baseline of format version 2 (nnx-pool 0.1.0): no schema, modes or per-layer "
+                 "fingerprints to compare, and its outputs are compared with its jit result; "
+                 "--nnx-regression-update rewrites it in format 3")
+  count = len(lines)
+  if manifest.get("mode", "check") != rec.mode:
+    lines.append(f"the baseline was recorded by {manifest.get('mode', 'check')}(), this run is "
+                 f"{rec.mode}(); re-record it")
+  model = rec.model or {}
+  if old_model.get("schema") is not None and model.get("schema") is not None:
+    lines += model_state.schema_changes(old_model["schema"], model["schema"])
+  if old_model.get("modes") is not None and model.get("modes") is not None:
+    lines += model_state.mode_changes(old_model["modes"], model["modes"])
+  before = old_model.get("weights") if version != 2 else _v2_weights(base)
+  if before is not None and model.get("weights") is not None:
+    problems += len(lines) - count
+    order = [call["path"] for call in model.get("layers") or ()]
+    if rec.fresh is not None:
+      lines.append(_weights_line(before, rec.fresh, loaded=True, order=order))  # informs only
+    else:
+      now = model["weights"] if version != 2 else [w for w in model["weights"]
+                                                    if w["type"] == "Param"]
+      line = _weights_line(before, now, loaded=False, order=order)
+      lines += [line] if line else []
+      problems += bool(line)
+    count = len(lines)
+  lines += _input_problems(base.arrays, rec)
+  problems += len(lines) - count
+  keys = _result_keys(manifest)
+  failing = False
+  for key in sorted(set(keys) | set(rec.results)):
+    failing |= _rows_for(report, name, key, base.arrays, rec, key in keys)
+  if failing and old_model.get("layers") and model.get("layers") is not None:
+    tol = next(iter(rec.tolerances.values()))
+    moved = model_state.first_moved(old_model["layers"], model["layers"], rtol=tol.rtol,
+                                    atol=tol.atol)
+    lines.append(moved or (
+        "every submodule's output is within tolerance of its fingerprint: the difference "
+        "arises in the model's own code after its last submodule" + (
+            ", or in the backward pass" if rec.mode == "check_grad" else "")))
+  if manifest.get("jit_eager_agree") and not rec.jit_eager_agree:
+    report.notes.append("jit and eager results agreed in the baseline and now disagree")
+  report.exit_code = 1 if failing or problems or report.notes else 0
+  return report
+
+
+def _rows_for(report: Report, name: str, key: str, stored: Mapping[str, np.ndarray],
+              rec: Recording, in_baseline: bool) -> bool:
+  """The row(s) of one result; whether any failed."""
+  if not in_baseline:
+    report.rows.append(Row(f"{name}:{key}", "FAIL", details=["produced now but not in the "
+                                                             "baseline"]))
+    return True
+  if key not in rec.results:
+    report.rows.append(Row(f"{name}:{key}", "FAIL", details=["in the baseline but no longer "
+                                                             "produced"]))
+    return True
+  tol, expected = rec.tolerances[key], stored[key]
+  sides = [("", rec.results[key])]
+  eager = rec.eager.get(key)
+  if eager is not None and not compare_arrays(eager, rec.results[key], tol).passed:
+    sides = [(" [jit]", rec.results[key]), (" [eager]", eager)]
+  failed = False
+  for label, actual in sides:
+    verdict = compare_arrays(actual, expected, tol)
+    row = _row(f"{name}:{key}{label}", verdict, tol)
+    if not verdict.passed and actual.dtype == expected.dtype and actual.shape == expected.shape:
+      row.failed[key] = FailedArray(expected, actual, tol, _spatial(key, expected))
     report.rows.append(row)
-  if manifest.get("jit_eager_agree") and not run.jit_eager_agree:
-    problems.append("jit and eager results agreed in the baseline and now disagree")
-  if not problems and all(r.status == "PASS" for r in report.rows):
-    return None
-  report.notes = problems
-  return f"nnx_regression: {name!r} differs from its baseline {path}\n{render(report)}"
+    failed |= not verdict.passed
+  return failed
 
 
-def _input_problems(stored: Mapping[str, np.ndarray], run: Execution) -> list[str]:
-  """What differs between the inputs and weights of the baseline and of this run."""
+def _row(case: str, verdict: Verdict, tol: Tolerance) -> Row:
+  row = Row(case, "PASS" if verdict.passed else "FAIL", verdict.max_abs, verdict.max_rel,
+            tol.describe())
+  row.arrays["result"] = {**verdict.to_json(), "tolerance": tol.to_json()}
+  if not verdict.passed:
+    row.details.append(verdict.message)
+  return row
+
+
+def _input_problems(stored: Mapping[str, np.ndarray], rec: Recording) -> list[str]:
+  """What differs between the inputs of the baseline and of this run."""
   problems = []
-  inputs, base_inputs = _inputs(run, "input/"), {k for k in stored if k.startswith("input/")}
-  if base_inputs != set(inputs):
+  base_inputs = {k for k in stored if k.startswith("input/")}
+  if base_inputs != set(rec.inputs):
     problems.append(
-        f"the test passes {len(inputs)} input(s); the baseline has {len(base_inputs)}"
-    )
-  for key in sorted(base_inputs & set(inputs)):
-    if store.digest(inputs[key]) != store.digest(stored[key]):
+        f"the test passes {len(rec.inputs)} input(s); the baseline has {len(base_inputs)}")
+  for key in sorted(base_inputs & set(rec.inputs)):
+    if store.digest(rec.inputs[key]) != store.digest(stored[key]):
       problems.append(
           f"{key} differs from the baseline's (shape, dtype or values); the comparison needs "
-          "the same inputs. Pass --nnx-regression-update if the change is deliberate."
-      )
-  weights = _inputs(run, "weights/")
-  changed_weights = sorted(
-      k for k in set(weights) | {k for k in stored if k.startswith("weights/")}
-      if k not in weights or k not in stored or store.digest(weights[k]) != store.digest(stored[k])
-  )
-  if changed_weights:
-    problems.append(
-        f"parameters differ from the baseline ({', '.join(changed_weights[:3])}"
-        f"{', ...' if len(changed_weights) > 3 else ''}): did initialisation change (PRNG "
-        "defaults, shapes)? Outputs are compared anyway."
-    )
+          "the same inputs. Pass --nnx-regression-update if the change is deliberate.")
   return problems
+
+
+def report_from_disk(path: str | os.PathLike) -> Report:
+  """The report of the last failing check of the baseline at ``path``, from its files alone.
+
+  Reads the baseline and the ``obtained`` file a failing check wrote beside it, and compares
+  them as the check did.
+
+  Raises:
+    BaselineError: either is missing or damaged.
+  """
+  path = Path(path)
+  base = load(path)
+  out = obtained_path(path)
+  if not (out / store.MANIFEST).exists():
+    raise BaselineError(f"baseline {path}: no obtained results beside it ({out.name}): a "
+                        "failing check writes them; run the test first.")
+  got = store.read_baseline(out)
+  manifest = got.manifest
+  if manifest.get("kind") != OBTAINED_KIND:
+    raise BaselineError(f"baseline {path}: {out.name} is not an obtained file.")
+  rec = Recording(manifest.get("mode", "check"), model=manifest.get("model"),
+                  fresh=manifest.get("fresh"), weights_set=manifest.get("weights_set"),
+                  jit_eager_agree=bool(manifest.get("jit_eager_agree")),
+                  compile_s=manifest["timing"].get("compile_s"),
+                  steady_s=manifest["timing"].get("steady_s"))
+  for key, value in got.arrays.items():
+    if key.startswith("input/"):
+      rec.inputs[key] = value
+    elif key in manifest["results"]:
+      rec.results[key] = value
+  for key in rec.results:
+    if eager_key(key) in got.arrays:
+      rec.eager[key] = got.arrays[eager_key(key)]
+  rec.tolerances = {k: Tolerance.from_json(t) for k, t in manifest["results"].items()}
+  return compare(base, rec, manifest.get("stamp", {}), name=manifest.get("name", path.name))
+
+
+def session_report(baselines: Sequence[str | os.PathLike]) -> Report:
+  """One report of several failing checks (a pytest session's), from their files.
+
+  Rows, headline lines and notes are prefixed with each baseline's ``<module>/<name>``; the
+  stamps are those of the first check (one session has one environment; a baseline
+  recorded elsewhere says so in its notes).
+  """
+  report = Report(command="check", unit="arrays")
+  for path in baselines:
+    path = Path(path)
+    label = f"{path.parent.name}/{path.name}"
+    try:
+      one = report_from_disk(path)
+    except BaselineError as e:
+      report.notes.append(f"{label}: {e}")
+      continue
+    if report.baseline is None:
+      report.baseline = str(path.parent.parent)
+      report.stamp, report.baseline_stamp = one.stamp, one.baseline_stamp
+      report.stamp_changes, report.recorded = one.stamp_changes, one.recorded
+    elif one.stamp_changes != report.stamp_changes:
+      report.notes.append(f"{label}: its baseline's environment differs from the first's: "
+                          f"{'; '.join(one.stamp_changes) or 'no changes'}")
+    for row in one.rows:
+      row.case = f"{path.parent.name}/{row.case}"
+      report.rows.append(row)
+    report.headline += [f"{label}: {line}" for line in one.headline]
+    report.notes += [f"{label}: {note}" for note in one.notes
+                     if not note.startswith("what this run obtained")]
+    report.timings += one.timings
+  report.exit_code = 1 if report.rows or report.notes else 0
+  return report

@@ -105,10 +105,11 @@ def _describe_error(e: BaseException) -> str:
   return f"{type(e).__name__}: {first}"
 
 
-def _expect_raise(case: Case, apply: Apply, params: Any, x: jax.Array, run: Execution) -> None:
+def _expect_raise(case: Case, apply: Apply, params: Any, rest: Any, x: jax.Array,
+                  run: Execution) -> None:
   spec = case.raises
   try:
-    apply(params, x)
+    apply(params, rest, x)
   except Exception as e:  # noqa: BLE001 - the point is to see what is raised
     run.raised = {"type": type(e).__name__, "message": str(e)}
     if type(e).__name__ != spec.type:
@@ -160,7 +161,7 @@ def _run(
 ) -> None:
   x_np = stored["input"] if "input" in stored else make_input(case.input, case.dtype)
   run.inputs["input"] = x_np
-  apply, params = split_callable(case.build())
+  apply, params, rest = split_callable(case.build())
   weights = {k.removeprefix("weights/"): v for k, v in stored.items() if k.startswith("weights/")}
   if params is not None and weights:
     params = with_params(params, weights)
@@ -169,19 +170,19 @@ def _run(
     x = jnp.asarray(x_np)
   else:
     x, run.copies, run.placement = _place(case, x_np, mesh)
-    params = _replicate(params, mesh)
+    params, rest = _replicate(params, mesh), _replicate(rest, mesh)
   if case.raises is not None:
-    _expect_raise(case, apply, params, x, run)
+    _expect_raise(case, apply, params, rest, x, run)
     return
-  evaluate(run, apply, (params, x), lambda out: _split_output(case, out), reps=reps)
+  evaluate(run, apply, (params, rest, x), lambda out: _split_output(case, out), reps=reps)
   if case.grad and is_float(x_np.dtype):
-    _gradients(case, apply, params, x, stored, run, mesh)
+    _gradients(case, apply, params, rest, x, stored, run, mesh)
   settle(run, lambda key, dtype: tolerance_for(case.tolerance, role_of(key), dtype))
 
 
 def _gradients(
-    case: Case, apply: Apply, params: Any, x: jax.Array, stored: Mapping[str, np.ndarray],
-    run: Execution, mesh: Any = None,
+    case: Case, apply: Apply, params: Any, rest: Any, x: jax.Array,
+    stored: Mapping[str, np.ndarray], run: Execution, mesh: Any = None,
 ) -> None:
   values = split_copies("output", run.results["output"], run.copies)[0]
   ct_np = stored.get("cotangent")
@@ -200,18 +201,18 @@ def _gradients(
   else:
     ct = _replicate(jnp.asarray(ct_np), mesh)
 
-  def primal(p, x):
-    out = apply(p, x)
-    return out[0] if case.indices else out
+  def vjp(p, r, x, ct):
+    def primal(p, x):
+      out = apply(p, r, x)
+      return out[0] if case.indices else out
 
-  def vjp(p, x, ct):
     if case.params and p is not None:
       _, pull = jax.vjp(primal, p, x)
       return pull(ct)
     _, pull = jax.vjp(lambda x: primal(p, x), x)
     return None, pull(ct)[0]
 
-  grad_params, grad_x = jax.jit(vjp)(params, x, ct)
+  grad_params, grad_x = jax.jit(vjp)(params, rest, x, ct)
   run.results["grad/input"] = to_numpy(grad_x)
   for path, value in param_arrays(grad_params).items():
     run.results[f"grad/params/{path}"] = value

@@ -19,6 +19,9 @@ Commands:
   and only in a source checkout: an installed package is never written.
 * ``diff A B [--json OUT]``: compares two recorded baselines.
 * ``info [--json OUT]``: prints the current environment stamp.
+* ``report DIR [--json OUT] [--html OUT]``: the report of the last failing check of a
+  pytest fixture baseline, from the baseline and the ``DIR.obtained`` file that check
+  wrote beside it, without running the model.
 * ``rehearse REQ... [--baseline DIR] [--json OUT] [--html OUT] [--timing] [-k PATTERN]
   [--dry-run] [--resolve] [--no-cache] [--pytest PATH...]``: runs ``check`` in a
   throwaway virtual environment that holds this nnx-pool and its dependencies at the
@@ -72,6 +75,8 @@ from nnx_pool.regression.stamp import SHIPPED, source_checkout
 BatchFactory = Callable[[], Any]
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
+# `report` lists at most this many rows, the worst failing first, as the failing check did.
+REPORT_ROWS = 20
 # Set in the fresh interpreter that `--devices` starts, so it never starts another.
 _CHILD_ENV = "NNX_POOL_REGRESSION_DEVICES_CHILD"
 
@@ -140,6 +145,18 @@ def _parser() -> argparse.ArgumentParser:
   add_json(p)
 
   p = sub.add_parser(
+      "report", help="redraw the last failure of a pytest fixture baseline",
+      description="Compares a pytest fixture baseline with what its last failing check "
+                  "obtained (DIR.obtained, written beside it by the failing check), without "
+                  "running the model, and prints the report the check printed.",
+      epilog="Exit codes: 0 the obtained results pass, 1 they differ, 2 a missing or damaged "
+             "baseline or obtained file.")
+  p.add_argument("baseline", metavar="DIR", help="the fixture baseline directory")
+  add_json(p)
+  p.add_argument("--html", metavar="OUT", help="also write the HTML page to OUT (needs "
+                 f"matplotlib: {html.INSTALL})")
+
+  p = sub.add_parser(
       "rehearse", help="run check in a throwaway environment with other versions",
       description="Runs check in a throwaway virtual environment: this nnx-pool and its "
                   "dependencies at the versions installed here, except what REQ names, "
@@ -195,6 +212,8 @@ def run(
     return commands.info()
   if args.command == "diff":
     return commands.diff(args.a, args.b)
+  if args.command == "report":
+    return _fixture_report(args.baseline)
   if args.command == "record" and args.out is None:
     if source_checkout() is None:
       return Report(command="record", exit_code=2, error=(
@@ -211,6 +230,17 @@ def run(
       loaded.cases, args.baseline, pattern=args.pattern, dry_run=args.dry_run, notes=loaded.notes,
       devices=args.devices, axis_types=args.axis_types, progress=progress,
   )
+
+
+def _fixture_report(path: str) -> Report:
+  """``report DIR``: the comparison of a fixture baseline with its obtained file."""
+  from nnx_pool.regression._fixture_core import report_from_disk
+  from nnx_pool.regression.store import BaselineError
+
+  try:
+    return report_from_disk(path)
+  except BaselineError as e:
+    return Report(command="check", exit_code=2, error=str(e))
 
 
 def _is_terminal(stream: TextIO | None) -> bool:
@@ -270,7 +300,8 @@ def _progress(label: str | None) -> Iterator[ProgressLine | None]:
     line.clear()
 
 
-def _print(report: Report, *, timing: bool, json_path: str | None) -> None:
+def _print(report: Report, *, timing: bool, json_path: str | None,
+           limit: int | None = None) -> None:
   if report.command == "info":
     from nnx_pool.regression.stamp import format_stamp
 
@@ -279,7 +310,7 @@ def _print(report: Report, *, timing: bool, json_path: str | None) -> None:
   if report.error:
     print(f"error: {report.error}", file=sys.stderr)
     return
-  print(render(report, timing=timing, json_path=json_path))
+  print(render(report, timing=timing, json_path=json_path, limit=limit))
   if report.command == "record" and report.exit_code == 0:
     print(f"\nwrote baseline {report.baseline} ({len(report.rows)} cases)")
 
@@ -315,7 +346,8 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     print(f"error: {args.command}: the regression batch could not be imported or built (the "
           "traceback above says why); nothing was compared.", file=sys.stderr)
     return 2
-  _print(report, timing=getattr(args, "timing", False), json_path=args.json)
+  _print(report, timing=getattr(args, "timing", False), json_path=args.json,
+         limit=REPORT_ROWS if args.command == "report" else None)
   if not _write_json(report, args.json):
     return 2
   html_path = getattr(args, "html", None)

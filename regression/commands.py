@@ -54,8 +54,10 @@ def load(path: str | os.PathLike) -> Baseline:
   manifest = base.manifest
   if manifest.get("kind") != KIND:
     raise BaselineError(
-        f"baseline {base.path}: holds kind {manifest.get('kind')!r}, not a {KIND!r} baseline "
-        "(a pytest fixture baseline cannot be checked with the CLI)."
+        f"baseline {base.path}: holds kind {manifest.get('kind')!r}, not a {KIND!r} baseline"
+        + (f"; it is a pytest fixture baseline: its test checks it, and `nnx-pool-regression "
+           f"report {base.path} --html OUT` draws its last failure" if manifest.get("kind") ==
+           "pytest" else "") + "."
     )
   cases = manifest.get("cases")
   if not isinstance(cases, dict) or not isinstance(manifest.get("stamp"), dict):

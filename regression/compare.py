@@ -11,7 +11,10 @@ Rules, in order:
    totals over the spatial axes (per sample and channel) exactly.
 
 The verdict reports the largest absolute and relative error, how many
-elements failed, and the first failing index.
+elements failed, and the first failing index. The relative error is taken only
+where the baseline is not 0: where it is 0, a relative error means nothing
+(any difference is infinitely many times it), so those elements count by their
+absolute error alone, and the message says how many of the failing ones they are.
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ class Verdict:
   Attributes:
     passed: whether every element is within tolerance.
     max_abs: the largest absolute error over finite elements (0 when equal).
-    max_rel: the largest relative error (``inf`` where the baseline is 0).
+    max_rel: the largest relative error over the elements whose baseline is not 0.
     mismatches: how many elements failed.
     size: how many elements were compared.
     message: why it failed ("" when it passed).
+    excess: the largest ``|actual - expected| / (atol + rtol * |expected|)``, how many
+      times its tolerance the worst element is off (``inf`` for an exact rule, a moved NaN
+      or a changed shape); what reports rank failing arrays by.
   """
 
   passed: bool
@@ -45,11 +51,12 @@ class Verdict:
   mismatches: int = 0
   size: int = 0
   message: str = ""
+  excess: float = 0.0
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-safe dict (infinite errors become the string ``"inf"``)."""
     data = dataclasses.asdict(self)
-    for key in ("max_abs", "max_rel"):
+    for key in ("max_abs", "max_rel", "excess"):
       data[key] = json_float(data[key])
     return data
 
@@ -82,10 +89,10 @@ def compare_arrays(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> 
   actual, expected = np.asarray(actual), np.asarray(expected)
   if actual.dtype != expected.dtype:
     return Verdict(False, math.inf, math.inf, message=(
-        f"dtype {actual.dtype.name} != baseline {expected.dtype.name}"))
+        f"dtype {actual.dtype.name} != baseline {expected.dtype.name}"), excess=math.inf)
   if actual.shape != expected.shape:
     return Verdict(False, math.inf, math.inf, message=(
-        f"shape {actual.shape} != baseline {expected.shape}"))
+        f"shape {actual.shape} != baseline {expected.shape}"), excess=math.inf)
   if not is_float(actual.dtype):
     return _compare_exact_ints(actual, expected)
   a, e = actual.astype(np.float64), expected.astype(np.float64)
@@ -102,10 +109,11 @@ def _compare_exact_ints(actual: np.ndarray, expected: np.ndarray) -> Verdict:
   mismatches = int(bad.sum())
   diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
   scale = np.abs(expected.astype(np.float64))
-  rel = np.where(diff > 0, np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), np.inf), 0.0)
+  rel = np.where((diff > 0) & (scale > 0), diff / np.where(scale > 0, scale, 1.0), 0.0)
   return Verdict(
       mismatches == 0, float(diff.max()) if size else 0.0, float(rel.max()) if size else 0.0,
       mismatches, size, _differ(bad, actual, expected, lambda v: repr(v.item())),
+      math.inf if mismatches else 0.0,
   )
 
 
@@ -164,14 +172,26 @@ def _finish(a: np.ndarray, e: np.ndarray, tol: Tolerance, *, exact: bool) -> Ver
   size = int(a.size)
   bad, finite, diff = _failures(a, e, tol, exact=exact)
   scale = np.abs(e)
-  rel = np.where(finite & (diff > 0), diff / np.where(scale > 0, scale, 0.0), 0.0)
+  nonzero = finite & (scale > 0)
+  rel = np.where(nonzero & (diff > 0), diff / np.where(nonzero, scale, 1.0), 0.0)
   mismatches = int(bad.sum())
   max_abs = float(diff.max()) if size else 0.0
   max_rel = float(rel.max()) if size else 0.0
+  if exact:
+    excess = math.inf if mismatches else 0.0
+  else:
+    limit = tol.atol + tol.rtol * scale
+    ratio = np.where(finite & (diff > 0), diff / np.where(limit > 0, limit, 1.0), 0.0)
+    ratio = np.where(finite & (diff > 0) & (limit == 0), math.inf, ratio)
+    excess = float(ratio.max()) if size else 0.0
   if (bad & ~finite).any():
-    max_abs = max_rel = math.inf
-  return Verdict(mismatches == 0, max_abs, max_rel, mismatches, size,
-                 _differ(bad, a, e, lambda v: f"{float(v):.9g}"))
+    max_abs = max_rel = excess = math.inf
+  message = _differ(bad, a, e, lambda v: f"{float(v):.9g}")
+  at_zero = int((bad & finite & (scale == 0)).sum())
+  if at_zero:
+    message += (f"; {at_zero} of them where the baseline is 0, compared by absolute error "
+                "(no relative error there)")
+  return Verdict(mismatches == 0, max_abs, max_rel, mismatches, size, message, excess)
 
 
 def _differ(bad: np.ndarray, actual: np.ndarray, expected: np.ndarray,

@@ -36,6 +36,7 @@ Register with the ``pytest11`` entry point, or ``-p nnx_pool.regression.pytest_p
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -46,19 +47,28 @@ from nnx_pool.regression.constants import CHECK_ONLY_ENV, NAME
 
 KIND = "pytest"
 DIRNAME = "_regression"
+OBTAINED = "nnx_regression_obtained"  # the user property naming a failing check's baseline
+_OBTAINED_SUFFIX = ".obtained"
+_WEIGHTS = "_weights"
 
 
 @dataclasses.dataclass
 class _SessionState:
   update: bool
   check_only: bool = False
+  directory: Path | None = None
+  html: Path | None = None
   used: dict[Path, str] = dataclasses.field(default_factory=dict)
-  written: list[Path] = dataclasses.field(default_factory=list)
-  updated: list[Path] = dataclasses.field(default_factory=list)
+  written: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+  updated: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
   modules: set[Path] = dataclasses.field(default_factory=set)
   partial: set[Path] = dataclasses.field(default_factory=set)
+  not_passed: set[str] = dataclasses.field(default_factory=set)
+  wrote: set[str] = dataclasses.field(default_factory=set)  # tests that recorded a new name
+  failed_checks: list[Path] = dataclasses.field(default_factory=list)
   stopped_early: bool = False
   stamp: dict[str, Any] | None = None
+  page: str | None = None
 
 
 _STATE = pytest.StashKey[_SessionState]()
@@ -69,6 +79,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
   group.addoption(
       "--nnx-regression-update", action="store_true", default=False,
       help="rewrite the nnx_regression baselines of the tests that run",
+  )
+  group.addoption(
+      "--nnx-regression-dir", metavar="DIR", default=None,
+      help="keep the nnx_regression baselines under DIR (mirroring the test directories "
+           "relative to the rootdir) instead of in _regression/ beside each test module",
+  )
+  group.addoption(
+      "--nnx-regression-html", metavar="OUT", default=None,
+      help="write one HTML page of the session's failing nnx_regression checks to OUT "
+           "(needs matplotlib: pip install 'nnx-pool[report]')",
   )
 
 
@@ -83,7 +103,48 @@ def pytest_configure(config: pytest.Config) -> None:
     raise pytest.UsageError(
         f"--nnx-regression-update writes baselines, and {CHECK_ONLY_ENV}="
         f"{os.environ[CHECK_ONLY_ENV]} forbids it; drop one of the two.")
-  config.stash[_STATE] = _SessionState(update=update, check_only=check_only())
+  state = _SessionState(update=update, check_only=check_only())
+  directory = config.getoption("nnx_regression_dir")
+  if directory is not None:
+    state.directory = Path(directory).absolute()
+    if state.directory.exists() and not state.directory.is_dir():
+      raise pytest.UsageError(f"--nnx-regression-dir {directory}: is not a directory; name a "
+                              "directory (it is created if missing).")
+  page = config.getoption("nnx_regression_html")
+  if page is not None:
+    state.html = Path(page).absolute()
+    problem = _page_problem(page, state.html)
+    if problem:
+      raise pytest.UsageError(problem)
+  config.stash[_STATE] = state
+  config.pluginmanager.register(_Tracker(state), "nnx-regression-tracker")
+
+
+def _page_problem(given: str, page: Path) -> str | None:
+  """Why the page cannot be written, found before any test runs; None if it can."""
+  import importlib.util
+
+  if importlib.util.find_spec("matplotlib") is None:
+    return (f"--nnx-regression-html {given}: the page draws its figures with matplotlib, which "
+            "is not installed: pip install 'nnx-pool[report]'.")
+  if page.is_dir():
+    return f"--nnx-regression-html {given}: is a directory; name the file to write."
+  if not page.parent.is_dir():
+    return f"--nnx-regression-html {given}: directory {page.parent} does not exist."
+  return None
+
+
+def baseline_root(config: pytest.Config, module: Path) -> Path:
+  """The directory of a test module's baselines: ``<dir>/_regression/<module>``, or
+  ``<--nnx-regression-dir>/<dir relative to the rootdir>/<module>``."""
+  state = config.stash.get(_STATE, None)
+  if state is None or state.directory is None:
+    return module.parent / DIRNAME / module.stem
+  try:
+    relative = module.parent.resolve().relative_to(Path(config.rootpath).resolve())
+  except ValueError:  # a test outside the rootdir: keyed by its absolute directory
+    relative = Path(*module.parent.resolve().parts[1:])
+  return state.directory / relative / module.stem
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
@@ -98,24 +159,80 @@ def pytest_collection_finish(session: pytest.Session) -> None:
   state.modules.update(Path(item.path) for item in session.items)
 
 
+class _Tracker:
+  """Follows test outcomes (also those xdist workers send): which tests did not pass, and
+  which checks failed (their baselines, from the reports' user properties)."""
+
+  def __init__(self, state: _SessionState):
+    self.state = state
+
+  def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    if report.failed or report.skipped:
+      self.state.not_passed.add(report.nodeid)
+    for name, value in getattr(report, "user_properties", ()):
+      if name == OBTAINED and Path(value) not in self.state.failed_checks:
+        self.state.failed_checks.append(Path(value))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
   state = session.config.stash[_STATE]
   state.stopped_early = bool(session.shouldfail or session.shouldstop) or exitstatus == 2
+  if state.html is not None and not hasattr(session.config, "workerinput"):
+    state.page = write_page(state.failed_checks, state.html)
 
 
-def _baselines_under(module: Path) -> list[Path]:
-  root = module.parent / DIRNAME / module.stem
+def write_page(baselines: list[Path], page: Path) -> str:
+  """Writes the HTML page of the failing checks whose baselines are listed; what to print."""
+  from nnx_pool.regression import html
+  from nnx_pool.regression._fixture_core import session_report
+
+  report = session_report(baselines)
+  try:
+    html.write_html(report, page)
+  except OSError as e:
+    return f"could not write the HTML report {page} ({e.strerror or e})"
+  failing = len(baselines)
+  return f"HTML report of {failing} failing check(s): {page}"
+
+
+def _baselines_under(root: Path) -> list[Path]:
   if not root.is_dir():
     return []
-  return sorted(p for p in root.iterdir() if (p / "manifest.json").is_file())
+  return sorted(p for p in root.iterdir()
+                if not p.name.endswith(_OBTAINED_SUFFIX) and (p / "manifest.json").is_file())
 
 
-def unused_baselines(state: _SessionState) -> list[Path]:
-  """Baselines next to fully-run test modules that no ``check`` call used."""
-  unused = []
+def _recorded_by(baseline: Path) -> str | None:
+  """The test id a baseline's manifest says recorded it (None if unreadable)."""
+  try:
+    test = json.loads((baseline / "manifest.json").read_text()).get("test")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return test if isinstance(test, str) else None
+
+
+def unused_baselines(state: _SessionState, config: pytest.Config | None = None
+                     ) -> tuple[list[Path], list[tuple[Path, str]]]:
+  """Baselines next to fully-run test modules that no ``check`` call used.
+
+  Returns:
+    ``(unused, not reached)``: a baseline whose recording test failed, errored or was
+    skipped this session is not reached (its test stopped before its ``check``), not unused,
+    unless that test recorded a baseline of a new name (a renamed check).
+  """
+  unused, unreached = [], []
   for module in sorted(state.modules - state.partial):
-    unused += [p for p in _baselines_under(module) if p.resolve() not in state.used]
-  return unused
+    root = (module.parent / DIRNAME / module.stem if config is None
+            else baseline_root(config, module))
+    for path in _baselines_under(root):
+      if path.resolve() in state.used:
+        continue
+      test = _recorded_by(path)
+      if test is not None and test in state.not_passed and test not in state.wrote:
+        unreached.append((path, test))
+      else:
+        unused.append(path)
+  return unused, unreached
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -125,19 +242,25 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
   lines = []
   if state.written:
     lines.append(f"wrote {len(state.written)} new baseline(s) (rerun to compare):")
-    lines += [f"  {p}" for p in state.written]
+    lines += [f"  {p} ({size})" for p, size in state.written]
   if state.updated:
     lines.append(f"updated {len(state.updated)} baseline(s) (--nnx-regression-update):")
-    lines += [f"  {p}" for p in state.updated]
+    lines += [f"  {p} ({size})" for p, size in state.updated]
   if state.stopped_early:
     if state.modules:
       lines.append("unused baselines not checked: the session stopped early")
   else:
-    unused = unused_baselines(state)
+    unused, unreached = unused_baselines(state, config)
     if unused:
       lines.append(f"{len(unused)} unused baseline(s) (no test used them this session; "
                    "delete them or fix the test names):")
       lines += [f"  {p}" for p in unused]
+    if unreached:
+      lines.append(f"{len(unreached)} baseline(s) not reached: the test that records each "
+                   "failed, errored or was skipped before its check (keep them):")
+      lines += [f"  {p} ({test})" for p, test in unreached]
+  if state.page:
+    lines.append(state.page)
   if lines:
     terminalreporter.section("nnx_regression")
     for line in lines:
@@ -145,7 +268,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 class Regression:
-  """The object the ``nnx_regression`` fixture returns."""
+  """The object the ``nnx_regression`` fixture returns: ``check`` and ``check_grad``.
+
+  Both are those of :class:`nnx_pool.regression.guard.Guard`, on the test module's
+  baseline directory, failing the test where the guard raises or records.
+  """
 
   def __init__(self, request: pytest.FixtureRequest):
     self._request = request
@@ -153,14 +280,14 @@ class Regression:
 
   def path_for(self, name: str) -> Path:
     """The baseline directory of ``name`` for the requesting test module."""
-    module = Path(self._request.node.path)
-    return module.parent / DIRNAME / module.stem / name
+    return baseline_root(self._request.config, Path(self._request.node.path)) / name
 
   def check(
       self, name: str, module_or_fn: Any, *inputs: Any,
       rtol: float | None = None, atol: float | None = None, allow_nonfinite: bool = False,
+      store_params: bool = False,
   ) -> None:
-    """Compares ``module_or_fn(*inputs)`` with the stored baseline ``name``.
+    """Compares ``module_or_fn(*inputs)``, jit and eager, with the stored baseline ``name``.
 
     Args:
       name: the baseline's name, unique within the test module (letters,
@@ -171,19 +298,42 @@ class Regression:
       atol: absolute tolerance for floating outputs (default: per dtype).
       allow_nonfinite: record a baseline whose outputs hold NaN or infinity
         (default: refuse it, saying which output).
+      store_params: store the module's weights whole (once per set of weights) and load
+        them before running, so a changed initialisation cannot move the outputs (default:
+        store a fingerprint of them, which says that the initialisation changed).
 
     Raises:
       ValueError: ``name`` is malformed or already used in this session.
-      TypeError: an input is not an array, or ``allow_nonfinite`` is not a bool.
+      TypeError: an input is not an array, or a flag is not a bool.
     """
+    __tracebackhide__ = True
+    self._run(name, lambda guard: guard.check(
+        name, module_or_fn, *inputs, rtol=rtol, atol=atol, allow_nonfinite=allow_nonfinite,
+        store_params=store_params))
+
+  def check_grad(
+      self, name: str, loss_fn: Any, model: Any, *inputs: Any, wrt: Any = None,
+      rtol: float | None = None, atol: float | None = None, allow_nonfinite: bool = False,
+      store_params: bool = False,
+  ) -> None:
+    """Compares ``loss_fn(model, *inputs)`` and its gradient by ``wrt`` (default
+    ``nnx.Param``) with the stored baseline ``name``; see
+    :meth:`nnx_pool.regression.guard.Guard.check_grad`."""
+    __tracebackhide__ = True
+
+    def run(guard):
+      from flax import nnx
+
+      return guard.check_grad(name, loss_fn, model, *inputs, wrt=nnx.Param if wrt is None else wrt,
+                              rtol=rtol, atol=atol, allow_nonfinite=allow_nonfinite,
+                              store_params=store_params)
+
+    self._run(name, run)
+
+  def _run(self, name: str, call: Any) -> None:
     __tracebackhide__ = True
     if not isinstance(name, str) or not NAME.match(name):
       raise ValueError(f"`name` must be letters, digits and _.- only; got {name!r}.")
-    for bound, label in ((rtol, "rtol"), (atol, "atol")):
-      if bound is not None and not (isinstance(bound, (int, float)) and bound >= 0):
-        raise ValueError(f"`{label}` must be a non-negative number or None; got {bound!r}.")
-    if not isinstance(allow_nonfinite, bool):
-      raise TypeError(f"`allow_nonfinite` must be a bool; got {allow_nonfinite!r}.")
     path = self.path_for(name)
     key = path.resolve()
     nodeid = self._request.node.nodeid
@@ -193,42 +343,26 @@ class Regression:
           "baseline names must be unique within a test module."
       )
     self._state.used[key] = nodeid
-    from nnx_pool.regression import _fixture_core
+    from nnx_pool.regression.guard import Guard, RegressionFailure
 
     if self._state.stamp is None:
       from nnx_pool.regression.stamp import collect_stamp
 
       self._state.stamp = collect_stamp(git_dir=self._request.config.rootpath)
-    run = _fixture_core.execute(module_or_fn, inputs, rtol=rtol, atol=atol)
-    exists = (path / "manifest.json").exists()
-    if not exists and self._state.check_only:
-      pytest.fail(
-          f"nnx_regression: no baseline for {name!r} at {path}, and none was written "
-          f"({CHECK_ONLY_ENV} is set: compare only). Record it in your own environment: "
-          "run the test once without it.",
-          pytrace=False,
-      )
-    if self._state.update or not exists:
-      nonfinite = None if allow_nonfinite else _fixture_core.nonfinite_outputs(run)
-      if nonfinite:
-        pytest.fail(
-            f"nnx_regression: {name!r} was not recorded: its outputs are not all finite "
-            f"({nonfinite}). Fix the model, or pass allow_nonfinite=True if they should be.",
-            pytrace=False,
-        )
-      _fixture_core.write(path, run, self._state.stamp, nodeid=nodeid, name=name)
-      if exists:
-        self._state.updated.append(path)
-        return
-      self._state.written.append(path)
-      pytest.fail(
-          f"nnx_regression: no baseline for {name!r}; wrote one to {path} "
-          f"({_fixture_core.stamp_label(self._state.stamp)}). Rerun to compare.",
-          pytrace=False,
-      )
-    failure = _fixture_core.compare(path, run, self._state.stamp, name=name)
-    if failure:
-      pytest.fail(failure, pytrace=False)
+    guard = Guard(path.parent, update=self._state.update, check_only=self._state.check_only,
+                  test=nodeid, stamp=self._state.stamp)
+    try:
+      outcome = call(guard)
+    except RegressionFailure as failure:
+      if failure.outcome.obtained is not None:
+        self._request.node.user_properties.append((OBTAINED, str(failure.outcome.path)))
+      pytest.fail(str(failure), pytrace=False)
+    if outcome.status == "updated":
+      self._state.updated.append((path, outcome.written.describe()))
+    elif outcome.status == "written":
+      self._state.written.append((path, outcome.written.describe()))
+      self._state.wrote.add(nodeid)
+      pytest.fail(outcome.message, pytrace=False)
 
 
 @pytest.fixture

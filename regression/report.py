@@ -151,6 +151,9 @@ class Report:
       the second baseline's (``diff``).
     dry_run: whether failures were reported without failing.
     unit: what a row is, for the summary line (``cases``; ``arrays`` in the fixture).
+    headline: what changed about a user's model before any number, one line each (its
+      state's schema, its modes, its weights, its inputs, the first submodule whose output
+      moved), printed before the table.
   """
 
   command: str
@@ -167,6 +170,7 @@ class Report:
   stamp: dict[str, Any] | None = None
   dry_run: bool = False
   unit: str = "cases"
+  headline: list[str] = dataclasses.field(default_factory=list)
 
   def counts(self) -> dict[str, int]:
     """How many rows have each status."""
@@ -193,6 +197,7 @@ class Report:
     return {
         "command": self.command,
         "exit_code": self.exit_code,
+        "headline": self.headline,
         "error": self.error,
         "baseline": self.baseline,
         "other": self.other,
@@ -301,13 +306,47 @@ def timing_lines(timings: Sequence[Timing], *, every: bool = False) -> list[str]
   return lines
 
 
-def render(report: Report, *, timing: bool = False, json_path: str | None = None) -> str:
+def excess(row: Row) -> float:
+  """How many times its tolerance the worst element of a row is off (inf: exact rule, moved
+  NaN, changed shape); 0 for a row without numbers."""
+  values = [_float(v.get("excess")) for v in row.arrays.values() if isinstance(v, Mapping)]
+  values = [v for v in values if v is not None]
+  if not values:
+    return math.inf if row.status in FAILING else 0.0
+  return max(values)
+
+
+def shown_rows(rows: Sequence[Row], limit: int | None) -> tuple[list[Row], str | None]:
+  """The rows a text report lists, and the line that says what it left out.
+
+  With more than ``limit`` rows, only the failing ones are listed, the ``limit`` worst
+  (:func:`excess`, the largest error breaking ties), in their order; the rest are counted.
+  """
+  if limit is None or len(rows) <= limit:
+    return list(rows), None
+  failing = [r for r in rows if r.status in FAILING]
+  worst = sorted(failing, key=lambda r: (excess(r), r.max_abs or 0.0), reverse=True)[:limit]
+  keep = {id(r) for r in worst}
+  shown = [r for r in rows if id(r) in keep]
+  more = len(failing) - len(shown)
+  passing = len(rows) - len(failing)
+  parts = ([f"and {more} more failing"] if more else []) + (
+      [f"{passing} passing"] if passing else [])
+  return shown, (f"({', '.join(parts)} not listed: the {len(shown)} worst failing "
+                 f"{'row is' if len(shown) == 1 else 'rows are'} shown; every row is in the "
+                 "JSON and HTML reports)")
+
+
+def render(report: Report, *, timing: bool = False, json_path: str | None = None,
+           limit: int | None = None) -> str:
   """The human-readable report.
 
   Args:
     report: the report.
     timing: list every case whose timing moved (default: totals and the largest mover).
     json_path: where the JSON report is written, if it is (named in the last line).
+    limit: with more rows than this, list only the ``limit`` worst failing rows
+      (:func:`shown_rows`); None lists every row.
   """
   if report.error:
     return f"error: {report.error}"
@@ -318,12 +357,18 @@ def render(report: Report, *, timing: bool = False, json_path: str | None = None
       sides = [("A", report.baseline_stamp), ("B", report.stamp)]
     lines += [f"{side + ':':<10}{stamp_header(stamp or {})}" for side, stamp in sides]
     lines.append("")
+  if report.headline:
+    lines += report.headline
+    lines.append("")
+  rows, left_out = shown_rows(report.rows, limit)
   if report.rows:
-    lines += aligned(table(report.rows))
+    lines += aligned(table(rows)) if rows else []
     counts = report.counts()
     summary = ", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
     lines.append(f"{len(report.rows)} {report.unit}: {summary}")
-  details = [(r.case, d) for r in report.rows for d in r.details]
+    if left_out:
+      lines.append(left_out)
+  details = [(r.case, d) for r in rows for d in r.details]
   if details:
     lines.append("")
     lines.append("details:")

@@ -95,27 +95,31 @@ def to_numpy(x: Any) -> np.ndarray:
   return np.asarray(jax.device_get(x))
 
 
-def split_callable(obj: Any) -> tuple[Apply, Any]:
-  """Turns an NNX module or a function into ``apply(params, *inputs)`` and its params.
+def split_callable(obj: Any) -> tuple[Apply, Any, Any]:
+  """Turns an NNX module or a function into ``apply(params, rest, *inputs)`` and its state.
 
-  A module is split into its ``nnx.Param`` state and everything else; each call
-  merges a fresh copy, so calls never mutate the caller's module.
+  A module is split into its ``nnx.Param`` state and everything else (BatchNorm's
+  statistics, RNG state, ...). Both come in as arguments, so that under ``jax.jit``,
+  ``jax.grad`` or a transform inside the module (``nnx.grad`` in its ``__call__``) no
+  variable was made outside the trace: each call merges a fresh copy
+  (``nnx.merge(..., copy=True)``), so calls never mutate the caller's module.
 
   Args:
     obj: an ``nnx.Module`` or a callable of arrays.
 
   Returns:
-    ``(apply, params)``; ``params`` is an ``nnx.State`` or None for a function.
+    ``(apply, params, rest)``; ``params`` and ``rest`` are ``nnx.State`` objects, or None
+    for a function.
   """
   if isinstance(obj, nnx.Module):
     graphdef, params, rest = nnx.split(obj, nnx.Param, ...)
 
-    def apply(params, *xs):
-      return nnx.merge(graphdef, params, rest)(*xs)
+    def apply(params, rest, *xs):
+      return nnx.merge(graphdef, params, rest, copy=True)(*xs)
 
-    return apply, params
+    return apply, params, rest
   if callable(obj):
-    return (lambda params, *xs: obj(*xs)), None
+    return (lambda params, rest, *xs: obj(*xs)), None, None
   raise TypeError(f"`obj` must be an nnx.Module or a callable; got {type(obj).__name__}.")
 
 
@@ -253,7 +257,7 @@ def _compare_copies(key: str, actual: np.ndarray, expected: np.ndarray, tol: Tol
   worst = Verdict(
       all(v.passed for v in verdicts), max(v.max_abs for v in verdicts),
       max(v.max_rel for v in verdicts), sum(v.mismatches for v in verdicts),
-      sum(v.size for v in verdicts),
+      sum(v.size for v in verdicts), excess=max(v.excess for v in verdicts),
   )
   failed = [(i, v) for i, v in enumerate(verdicts) if not v.passed]
   if failed:

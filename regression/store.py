@@ -7,8 +7,20 @@ are stored as raw bits. A writer holds the lock of the parent directory
 (:mod:`nnx_pool.regression.lock`: a ``flock`` on POSIX), writes the arrays file, then the
 manifest (the commit point), each through an fsynced temporary file and ``os.replace``,
 then deletes what the new manifest does not name. A reader opens the arrays file the
-manifest names, reading the manifest again if a writer removed it meanwhile. Format
-version 1 (``arrays.npz``) is still read. No JAX here.
+manifest names, reading the manifest again if a writer removed it meanwhile. No JAX here.
+
+Format versions, and how each older one still loads (:data:`FORMAT_VERSION` is written):
+
+* 1: the arrays file is ``arrays.npz``; read as it is, replaced by ``record --force``.
+* 2 (nnx-pool 0.1.0): ``arrays-<16 hex>.npz``, named by the digest of the manifest's
+  array table. A pytest fixture baseline held ``output`` and ``output_eager`` and the full
+  parameters (``weights/<path>``). Read as it is: the fixture compares both of this run's
+  results with its ``output``, and the fresh parameters with its own by digest.
+* 3: the same files. A fixture baseline holds one result per output (``output``; ``loss``
+  and ``grad/<path>`` for ``check_grad``), and its manifest the model's state schema, mode
+  flags, a fingerprint of every variable and of every submodule's output; the weights
+  themselves only with ``store_params=True``, in a shared weight set
+  (:mod:`nnx_pool.regression._fixture_core`). Batch baselines are unchanged from 2.
 """
 
 from __future__ import annotations
@@ -32,7 +44,7 @@ import numpy as np
 from nnx_pool.regression import lock
 
 FORMAT = "nnx-pool-regression"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 _V1_ARRAYS = "arrays.npz"  # the arrays file of format version 1
 LOCK_TIMEOUT_S = 120.0  # how long a writer waits for another one writing into the same directory
@@ -119,7 +131,7 @@ def build_manifest(
       raise ValueError(f"array key must be a plain string; got {key!r}.")
     array = np.asarray(array)
     stored_as = _stored_as(array.dtype, key)
-    stored[key] = np.ascontiguousarray(array.view(stored_as))
+    stored[key] = np.array(array.view(stored_as), order="C")  # keeps a 0-d array 0-d
     table[key] = {"dtype": array.dtype.name, "stored_as": stored_as.name,
                   "shape": [int(n) for n in array.shape], "digest": digest(array)}
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "arrays": table}

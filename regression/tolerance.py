@@ -44,8 +44,17 @@ float64 2.2e-16, float32 1.2e-7, float16 9.8e-4, bfloat16 7.8e-3):
   chain more operations than a window: 10x the window forward tolerance in
   float64 and float32, 5x in float16 and bfloat16; gradients 4x that, capped at
   JAX's gradient numbers (1e-2 float16, 1e-1 bfloat16).
-* **User models** (the pytest fixture) use the gate numbers unless the test
-  passes ``rtol``/``atol``.
+* **User models** (the pytest fixture's ``check``, kind ``model``) use the gate numbers
+  unless the test passes ``rtol``/``atol``.
+* **User gradients** (``check_grad``, kind ``gradient``): the loss is a forward result and
+  gets the model's forward tolerance; each gradient leaf compares autodiff with autodiff.
+  A backward pass repeats every reduction of the forward pass with the same length (a
+  convolution's kernel gradient sums over the batch and the map, its input gradient over
+  the output channels and the window), so it carries the forward's rounding and as much
+  again: twice the forward's bound, the budget of the gate's forward (51 eps) doubled, 102
+  eps = 1.2e-5 in float32. The tolerance is the gate gradient's, 4x the forward tolerance
+  (float32 4e-5, float64 4e-12), capped at JAX's gradient-check numbers (float16 1e-2,
+  bfloat16 1e-1); ``rtol``/``atol`` override it.
 * **Integers and bools** are always exact.
 """
 
@@ -64,6 +73,7 @@ ROLES: tuple[str, ...] = ("output", "indices", "grad_input", "grad_params")
 # Kinds of tolerance a case may declare; see the module docstring.
 KINDS: tuple[str, ...] = (
     "select", "select_ties", "exact_sum", "window", "window_rel", "global", "gate", "model",
+    "gradient",
 )
 
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
@@ -87,6 +97,7 @@ _FAMILY = {
     "global": ("global", "global_fwd", "global_grad"),
     "gate": ("gate", "gate_fwd", "gate_grad"),
     "model": ("gate", "model_fwd", "model_grad"),
+    "gradient": ("gate", "loss_fwd", "gradient"),
 }
 
 _REASONS = {
@@ -126,6 +137,12 @@ _REASONS = {
     "gate_grad": "gate gradient: 4x the gate forward, capped at JAX's gradient tolerance",
     "model_fwd": "user model forward: the gate tolerance for this dtype (override with rtol/atol)",
     "model_grad": "user model gradient: the gate gradient tolerance for this dtype",
+    "loss_fwd": "loss of check_grad: the user model forward tolerance for this dtype",
+    "gradient": (
+        "gradient of check_grad: autodiff vs autodiff; the backward pass repeats the forward's "
+        "reductions, twice the forward's rounding; 4x the forward tolerance, capped at JAX's "
+        "gradient tolerance"
+    ),
     "user": "set by the test",
 }
 
@@ -246,7 +263,7 @@ def tolerance_for(
   value = _rtol(family, dtype, grad=grad)
   if kind == "window_rel" and not grad:
     return Tolerance("allclose", value, _tiny(dtype), _REASONS[forward_reason])
-  if kind == "model" and (rtol is not None or atol is not None):
+  if kind in ("model", "gradient") and (rtol is not None or atol is not None):
     return Tolerance(
         "allclose", value if rtol is None else float(rtol), value if atol is None else float(atol),
         _REASONS["user"],

@@ -34,10 +34,36 @@ def test_compare_message_counts_every_failing_element_and_names_the_first():
   actual = expected.copy()
   actual[0, 2], actual[1, 0] = 0.5, 2.0  # row-major: (0, 2) comes first
   assert compare_arrays(actual, expected, CLOSE).message == (
-      "2 of 6 elements differ (first at (0, 2): 0.5 vs baseline 0)")
+      "2 of 6 elements differ (first at (0, 2): 0.5 vs baseline 0); 2 of them where the "
+      "baseline is 0, compared by absolute error (no relative error there)")
   ints = np.array([[1, 2], [3, 4]], np.int32)
   assert compare_arrays(ints, np.array([[1, 0], [0, 4]], np.int32), EXACT).message == (
       "2 of 4 elements differ (first at (0, 1): 2 vs baseline 0)")
+
+
+def test_compare_relative_error_only_where_the_baseline_is_not_zero():
+  # Hand-built: |1.5 - 1| / 1 = 0.5 is the one relative error; the element whose baseline is
+  # 0 moved by 0.25 and counts by its absolute error, never as an infinite relative one.
+  expected = np.array([0.0, 1.0, 2.0], np.float32)
+  actual = np.array([0.25, 1.5, 2.0], np.float32)
+  verdict = compare_arrays(actual, expected, CLOSE)
+  assert (verdict.max_abs, verdict.max_rel, verdict.mismatches) == (0.5, 0.5, 2)
+  assert verdict.message == (
+      "2 of 3 elements differ (first at (0,): 0.25 vs baseline 0); 1 of them where the "
+      "baseline is 0, compared by absolute error (no relative error there)")
+  only_zero = compare_arrays(np.array([0.25, 1.0], np.float32), np.zeros(2, np.float32), CLOSE)
+  assert (only_zero.max_abs, only_zero.max_rel) == (1.0, 0.0)
+
+
+def test_compare_excess_is_the_worst_element_over_its_own_tolerance():
+  # atol 1e-6 + rtol 1e-6 * |e|: at e = 1 the limit is 2e-6, at e = 0 it is 1e-6. An error of
+  # 4e-6 at e = 1 is 2x its limit, 3e-6 at e = 0 is 3x: the worst is 3x.
+  expected = np.array([1.0, 0.0])
+  verdict = compare_arrays(expected + [4e-6, 3e-6], expected, CLOSE)
+  assert verdict.excess == pytest.approx(3.0)
+  assert compare_arrays(expected, expected, CLOSE).excess == 0
+  assert compare_arrays(expected + [1.0, 0], expected, EXACT).excess == math.inf
+  assert compare_arrays(expected[:1], expected, CLOSE).excess == math.inf  # shape changed
 
 
 def test_compare_nan_must_be_at_the_same_places():
@@ -146,8 +172,10 @@ EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16"
 FORWARD_ROUNDINGS = {"window": 8, "global": 79, "gate": 51}
 # What each kind of case reduces: windows (also the gradient of an exact integer average and
 # of extreme magnitudes), whole maps, gates; a user's model is given a gate's budget.
+# check_grad's "gradient" kind: its loss is a model forward (a gate's budget), and each gradient
+# leaf repeats the forward's reductions in the backward pass, as the gradient rows below count.
 REDUCES = {"window": "window", "window_rel": "window", "exact_sum": "window", "global": "global",
-           "gate": "gate", "model": "gate"}
+           "gate": "gate", "model": "gate", "gradient": "gate"}
 # Not absurdly larger: at most 100x the forward's bound. The policy gives a gradient 4x its
 # forward's tolerance against a bound twice the forward's: the same headroom is 200x there.
 MOST = {"output": 100, "grad_input": 200, "grad_params": 200}
@@ -202,6 +230,18 @@ def test_tolerance_exact_kinds_are_exact(kind, role, dtype, rule):
 def test_tolerance_user_override_applies_to_models_only():
   tol = tolerance_for("model", "output", np.float32, rtol=0.1)
   assert (tol.rtol, tol.atol, tol.reason) == (0.1, 1e-5, "set by the test")
+  tol = tolerance_for("gradient", "grad_params", np.float32, atol=0.5)
+  assert (tol.rtol, tol.atol, tol.reason) == (4e-5, 0.5, "set by the test")
+  assert tolerance_for("window", "output", np.float32, rtol=0.1).rtol == 1e-6
+
+
+def test_tolerance_gradient_kind_labels_the_loss_and_the_gradients_apart():
+  # check_grad's rows say what they are: a loss is a forward result, a gradient a gradient
+  # (the report called both "user model forward").
+  loss = tolerance_for("gradient", "output", np.float32)
+  grad = tolerance_for("gradient", "grad_params", np.float32)
+  assert loss.reason.startswith("loss of check_grad") and grad.reason.startswith("gradient of")
+  assert grad.rtol > loss.rtol
 
 
 def test_tolerance_round_trips_through_json():

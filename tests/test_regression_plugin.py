@@ -52,18 +52,26 @@ def test_plugin_first_run_writes_baselines_and_fails_saying_so(pytester):
   result.assert_outcomes(failed=2)
   result.stdout.fnmatch_lines([
       ("*nnx_regression: no baseline for 'pool'; wrote one to *_regression*test_models*pool*"
-       "(jax *, flax *, cpu). Rerun to compare."),
+       "(* KB; jax *, flax *, cpu). Rerun to compare."),
       "*nnx_regression*",
       "wrote 2 new baseline(s) (rerun to compare):",
+      "  *pool (* KB)",  # every write says its size
   ])
   root = pytester.path / "_regression" / "test_models"
   assert sorted(p.name for p in root.iterdir()) == ["linear", "pool"]
   manifest = json.loads((root / "pool" / "manifest.json").read_text())
   assert manifest["kind"] == "pytest" and manifest["test"] == "test_models.py::test_pool"
   assert manifest["stamp"]["versions"]["jax"]
-  assert set(manifest["results"]) == {"output", "output_eager"}
+  assert manifest["format_version"] == 3
+  # One stored result: jit and eager are both compared with it.
+  assert set(manifest["results"]) == {"output"} and set(manifest["arrays"]) == {
+      "input/0", "output"}
   linear = json.loads((root / "linear" / "manifest.json").read_text())
-  assert linear["weights"] == ["weights/bias", "weights/kernel"]
+  # The parameters as fingerprints, not arrays: path, type, shape, dtype, digest, statistics.
+  assert not any(k.startswith("weights") for k in linear["arrays"])
+  kernel = next(w for w in linear["model"]["weights"] if w["path"] == "kernel")
+  assert (kernel["type"], kernel["shape"], kernel["dtype"]) == ("Param", [2, 3], "float32")
+  assert kernel["digest"].startswith("sha256:") and {"mean", "std", "min", "max"} <= set(kernel)
 
   # The second run compares and passes.
   pytester.runpytest(*PLUGIN).assert_outcomes(passed=2)
@@ -81,7 +89,7 @@ def test_plugin_reports_drift_like_the_cli(pytester):
       "*baseline: python *, numpy *, jax *, jaxlib *, flax *, cpu (cpu), git *",
       "*case*max abs err*max rel err*tolerance*status*",
       "*pool:output *rtol=1e-05 atol=1e-05*FAIL*",
-      "*pool:output_eager *FAIL*",
+      "1 arrays: 1 fail",  # one row: jit and eager agree with each other
       "*elements differ*",
       "*environment changes*",
   ])
@@ -127,7 +135,13 @@ def test_plugin_names_changed_parameters(pytester):
   _write(pytester, seed=1)  # a different init: the stored weights no longer match
   result = pytester.runpytest(*PLUGIN, "-k", "linear")
   result.assert_outcomes(failed=1)
-  result.stdout.fnmatch_lines(["*parameters differ from the baseline (weights/*"])
+  # Said before the table: a fresh initialisation that moved (seed 1 instead of 0).
+  result.stdout.fnmatch_lines([
+      "the initialisation changed: 1 of 2 parameter leaves differ (first: `kernel`); every "
+      "output below ran on the new weights. Pass store_params=True to load stored weights and "
+      "compare the computation alone",
+      "case *",
+  ])
 
 
 def test_plugin_update_flag_rewrites_baselines(pytester):

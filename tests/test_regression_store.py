@@ -228,7 +228,7 @@ def test_store_a_file_that_is_not_a_regular_file_is_refused_without_hanging(
   if reader.is_alive():
     with open(os.open(path, os.O_WRONLY | os.O_NONBLOCK), "wb"):  # unblock it, then fail
       pytest.fail("read_baseline hung on a FIFO")
-  version = None if name == "manifest.json" else 2
+  version = None if name == "manifest.json" else 3  # the version this nnx-pool writes
   assert errors == [(f"baseline {out}: {path.name} is not a regular file; remove it and "
                      f"{store._FIX}.", version)]
   assert len(os.listdir("/proc/self/fd")) == fds  # nothing left open
@@ -257,7 +257,31 @@ def test_store_reads_format_version_1_and_force_replaces_it(tmp_path):
     write_baseline(out, {"kind": "new"}, {"a": np.zeros(2)})
   write_baseline(out, {"kind": "new"}, {"a": np.zeros(2)}, force=True)
   assert sorted(os.listdir(out)) == sorted(["manifest.json", _arrays_file(out).name])
-  assert read_baseline(out).manifest["format_version"] == store.FORMAT_VERSION == 2
+  assert read_baseline(out).manifest["format_version"] == store.FORMAT_VERSION == 3
+
+
+def test_store_keeps_a_zero_dimensional_array_zero_dimensional(tmp_path):
+  # A check_grad loss is a 0-d array; np.ascontiguousarray would store it as shape (1,),
+  # which then fails its own digest (the shape is part of it).
+  out = write_baseline(tmp_path / "b", {"kind": "t"},
+                       {"loss": np.float32(2.5) * np.ones((), np.float32),
+                        "half": np.array(1.5, np.float16)})
+  arrays = read_baseline(out).arrays
+  assert arrays["loss"].shape == () and arrays["loss"] == np.float32(2.5)
+  assert arrays["half"].shape == () and arrays["half"].dtype == np.float16
+
+
+def test_store_format_version_2_baselines_still_load(tmp_path):
+  # nnx-pool 0.1.0 wrote format version 2: the same files as 3 (arrays-<hex>.npz named by
+  # the digest of the array table); only what a fixture baseline holds changed.
+  out = _baseline(tmp_path)
+  manifest = json.loads((out / "manifest.json").read_text())
+  manifest["format_version"] = 2
+  manifest["manifest_sha256"] = store._checksum(manifest)
+  (out / "manifest.json").write_text(json.dumps(manifest))
+  old = read_baseline(out)
+  assert old.manifest["format_version"] == 2
+  np.testing.assert_array_equal(old.arrays["a"], np.arange(6, dtype=np.float32))
 
 
 # -------------------------------------------------------------- writing

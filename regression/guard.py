@@ -1,0 +1,239 @@
+"""Numeric baselines of your own model: what the ``nnx_regression`` fixture does, without pytest.
+
+:class:`Guard` keeps baselines in one directory and offers the fixture's two checks::
+
+  from nnx_pool.regression.guard import Guard
+
+  guard = Guard("baselines")
+  guard.check("logits", model, x)                      # the outputs of model(x)
+  guard.check_grad("grads", loss_fn, model, x, y)      # loss_fn(model, x, y) and its gradient
+
+The first call of a name records its baseline and returns an :class:`Outcome` saying so
+(the fixture fails the test then, asking for a rerun); later calls compare with it and
+raise :class:`RegressionFailure`, whose message is the report, when anything moved. The
+pytest fixture (:mod:`nnx_pool.regression.pytest_plugin`) is this class with a path per
+test module and pytest's options. The numeric work is in
+:mod:`nnx_pool.regression._fixture_core`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+
+from nnx_pool.regression import _fixture_core as core
+from nnx_pool.regression.constants import CHECK_ONLY_ENV, NAME
+from nnx_pool.regression.report import Report, render
+from nnx_pool.regression.stamp import collect_stamp
+from nnx_pool.regression.store import BaselineError
+
+# A failure's text lists at most this many rows, the worst first; the JSON and HTML all.
+MAX_ROWS = 20
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What a check did.
+
+  Attributes:
+    status: ``passed``, ``written`` (no baseline: one was recorded), ``updated``
+      (re-recorded on request), ``failed`` or ``refused`` (nothing could be compared or
+      written: a missing baseline in check-only mode, non-finite outputs, a damaged file).
+    path: the baseline directory.
+    message: what to tell the user ("" when it passed).
+    report: the comparison, when one was made.
+    written: what a write put on disk (its size), when one was made.
+    obtained: where a failing check wrote what it obtained, else None.
+  """
+
+  status: str
+  path: Path
+  message: str = ""
+  report: Report | None = None
+  written: core.Written | None = None
+  obtained: Path | None = None
+
+
+class RegressionFailure(AssertionError):
+  """A check failed; ``outcome`` says how (its message is this exception's)."""
+
+  def __init__(self, outcome: Outcome):
+    super().__init__(outcome.message)
+    self.outcome = outcome
+
+
+def _validate(name: Any, rtol: Any, atol: Any, allow_nonfinite: Any, store_params: Any) -> None:
+  if not isinstance(name, str) or not NAME.match(name):
+    raise ValueError(f"`name` must be letters, digits and _.- only; got {name!r}.")
+  for bound, label in ((rtol, "rtol"), (atol, "atol")):
+    if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
+                                  and bound >= 0):
+      raise ValueError(f"`{label}` must be a non-negative number or None; got {bound!r}.")
+  for flag, label in ((allow_nonfinite, "allow_nonfinite"), (store_params, "store_params")):
+    if not isinstance(flag, bool):
+      raise TypeError(f"`{label}` must be a bool; got {flag!r}.")
+
+
+class Guard:
+  """Baselines of a model's outputs and gradients in one directory.
+
+  Args:
+    directory: where the baselines go, one directory per name (``directory/<name>/``);
+      weight sets kept with ``store_params=True`` go to ``directory/../_weights/``.
+    update: re-record every baseline checked instead of comparing.
+    check_only: never write a baseline: a missing one is refused (default: read
+      ``NNX_REGRESSION_CHECK_ONLY`` from the environment).
+    test: what recorded the baselines, stored in their manifests (the fixture's test id).
+    stamp: the environment stamp to record (default: collected on first use).
+  """
+
+  def __init__(self, directory: str | os.PathLike, *, update: bool = False,
+               check_only: bool | None = None, test: str = "",
+               stamp: Mapping[str, Any] | None = None):
+    self.directory = Path(directory)
+    self.update = update
+    if check_only is None:
+      check_only = os.environ.get(CHECK_ONLY_ENV, "") not in ("", "0")
+    self.check_only = check_only
+    self.test = test
+    self._stamp = dict(stamp) if stamp is not None else None
+
+  @property
+  def stamp(self) -> dict[str, Any]:
+    """The stamp recorded with each baseline (collected once)."""
+    if self._stamp is None:
+      self._stamp = collect_stamp()
+    return self._stamp
+
+  def path_for(self, name: str) -> Path:
+    """The baseline directory of ``name``."""
+    return self.directory / name
+
+  def check(self, name: str, module_or_fn: Any, *inputs: Any, rtol: float | None = None,
+            atol: float | None = None, allow_nonfinite: bool = False,
+            store_params: bool = False) -> Outcome:
+    """Compares ``module_or_fn(*inputs)``, jit and eager, with the baseline ``name``.
+
+    Args:
+      name: the baseline's name (letters, digits and ``_.-``).
+      module_or_fn: an ``nnx.Module`` or a function of arrays.
+      *inputs: the arrays to call it with.
+      rtol, atol: the output tolerance (default: per dtype, kind ``model``).
+      allow_nonfinite: record outputs that hold NaN or infinity (default: refuse them).
+      store_params: store the module's weights whole (once per set of weights, shared by
+        every baseline that stores the same) and load them into it before it runs, so that
+        a changed initialisation cannot move an output; by default only their fingerprint
+        is stored.
+
+    Returns:
+      The :class:`Outcome` (``passed``, ``written`` or ``updated``).
+
+    Raises:
+      RegressionFailure: the outputs, the model's schema, modes, weights or inputs moved,
+        or nothing could be compared; its message is the report.
+      ValueError, TypeError: a malformed argument.
+    """
+    __tracebackhide__ = True
+    _validate(name, rtol, atol, allow_nonfinite, store_params)
+    if store_params and not isinstance(module_or_fn, nnx.Module):
+      raise TypeError(f"`store_params=True` needs an nnx.Module; got "
+                      f"{type(module_or_fn).__name__}, which has no parameters to store.")
+    return self._run(name, allow_nonfinite, store_params, lambda weights: core.execute(
+        module_or_fn, inputs, rtol=rtol, atol=atol, weights=weights, store_params=store_params))
+
+  def check_grad(self, name: str, loss_fn: Callable[..., Any], model: nnx.Module, *inputs: Any,
+                 wrt: Any = nnx.Param, rtol: float | None = None, atol: float | None = None,
+                 allow_nonfinite: bool = False, store_params: bool = False) -> Outcome:
+    """Compares ``loss_fn(model, *inputs)`` and its gradient with the baseline ``name``.
+
+    The gradient is the one ``nnx.grad(loss_fn, argnums=nnx.DiffState(0, wrt))`` gives,
+    with respect to the variables of ``model`` that ``wrt`` selects; both are run under
+    ``jax.jit`` and eagerly and compared under the ``gradient`` tolerances
+    (:mod:`nnx_pool.regression.tolerance`). BatchNorm statistics, Dropout's RNG state and
+    any other state of the model may be there, in train or eval mode.
+
+    Args:
+      name, rtol, atol, allow_nonfinite, store_params: as for :meth:`check`.
+      loss_fn: ``loss_fn(model, *inputs)``, returning a floating scalar.
+      model: the ``nnx.Module`` to differentiate.
+      *inputs: the arrays to call ``loss_fn`` with after the model.
+      wrt: an nnx filter of the variables to differentiate by (default ``nnx.Param``).
+
+    Returns, Raises: as :meth:`check`.
+    """
+    __tracebackhide__ = True
+    _validate(name, rtol, atol, allow_nonfinite, store_params)
+    return self._run(name, allow_nonfinite, store_params, lambda weights: core.execute_grad(
+        loss_fn, model, inputs, wrt=wrt, rtol=rtol, atol=atol, weights=weights,
+        store_params=store_params))
+
+  # ------------------------------------------------------------------ the one path
+
+  def _refuse(self, path: Path, message: str) -> RegressionFailure:
+    return RegressionFailure(Outcome("refused", path, f"nnx_regression: {message}"))
+
+  def _run(self, name: str, allow_nonfinite: bool, store_params: bool,
+           execute: Callable[[Any], core.Recording]) -> Outcome:
+    __tracebackhide__ = True
+    path = self.path_for(name)
+    exists = (path / "manifest.json").exists()
+    if not exists and self.check_only:
+      raise self._refuse(path, (
+          f"no baseline for {name!r} at {path}, and none was written ({CHECK_ONLY_ENV} is set: "
+          "compare only). Record it in your own environment: run the test once without it."))
+    compare = exists and not self.update
+    base, weights = None, None
+    if compare:
+      try:
+        base = core.load(path)
+        if store_params and base.manifest.get("weights_set"):
+          base_weights = core.load_weight_set(path, base.manifest)
+          weights = base_weights[1]
+      except BaselineError as e:
+        raise self._refuse(path, str(e)) from None
+    try:
+      rec = execute(weights)
+    except ValueError as e:
+      if weights is None or "stored weight" not in str(e):
+        raise
+      raise self._refuse(path, f"{name!r}: {e}") from None
+    if compare:
+      return self._compare(name, path, base, rec, store_params)
+    nonfinite = None if allow_nonfinite else core.nonfinite_outputs(rec)
+    if nonfinite:
+      raise self._refuse(path, (
+          f"{name!r} was not recorded: its outputs are not all finite ({nonfinite}). Fix the "
+          "model, or pass allow_nonfinite=True if they should be."))
+    written = core.write(path, rec, self.stamp, nodeid=self.test, name=name)
+    if exists:
+      return Outcome("updated", path, f"nnx_regression: updated {name!r} at {path} "
+                     f"({written.describe()}).", written=written)
+    return Outcome("written", path, (
+        f"nnx_regression: no baseline for {name!r}; wrote one to {path} ({written.describe()}; "
+        f"{core.stamp_label(self.stamp)}). Rerun to compare."), written=written)
+
+  def _compare(self, name: str, path: Path, base: Any, rec: core.Recording,
+               store_params: bool) -> Outcome:
+    __tracebackhide__ = True
+    if rec.fresh is not None:
+      rec.weights_set = base.manifest.get("weights_set")
+    report = core.compare(base, rec, self.stamp, name=name)
+    if store_params and not base.manifest.get("weights_set"):
+      report.notes.append("store_params=True, but the baseline holds no weights (recorded "
+                          "without it): the model ran on its own; pass --nnx-regression-update "
+                          "to store them")
+    if report.exit_code == 0:
+      core.remove_obtained(path)
+      return Outcome("passed", path, report=report)
+    obtained = core.write_obtained(path, rec, self.stamp, nodeid=self.test, name=name)
+    report.notes.append(
+        f"what this run obtained is in {obtained}: `nnx-pool-regression report {path} --html "
+        "OUT` draws this report again")
+    message = (f"nnx_regression: {name!r} differs from its baseline {path}\n"
+               f"{render(report, limit=MAX_ROWS)}")
+    raise RegressionFailure(Outcome("failed", path, message, report, obtained=obtained))
