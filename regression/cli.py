@@ -23,7 +23,8 @@ Commands:
   pytest fixture baseline, from the baseline and the ``DIR.obtained`` file that check
   wrote beside it, without running the model.
 * ``rehearse REQ... [--baseline DIR] [--json OUT] [--html OUT] [--timing] [-k PATTERN]
-  [--dry-run] [--resolve] [--no-cache] [--pytest PATH...]``: runs ``check`` in a
+  [--dry-run] [--resolve] [--no-cache] [--no-batch] [--pytest [PATH...] [-- ARG...]]``:
+  runs ``check`` in a
   throwaway virtual environment that holds this nnx-pool and its dependencies at the
   versions installed here, except what the PEP 508 requirements REQ name
   (``jax==0.9.2``), against a baseline of this environment, and prints the same report,
@@ -32,7 +33,9 @@ Commands:
   requirement (flax for jax). Environments are cached per requirement set, the three
   used most recently kept (:func:`nnx_pool.regression.rehearse_cache.cache_root`);
   ``rehearse --clear-cache`` empties the cache. ``--pytest`` also runs your
-  ``nnx_regression`` tests there, comparing only. See :mod:`nnx_pool.regression.rehearse`.
+  ``nnx_regression`` tests there, comparing only; every argument after ``--`` goes to that
+  pytest untouched (``--pytest tests -- -k logits``), and ``--no-batch`` runs only them.
+  See :mod:`nnx_pool.regression.rehearse`.
 
 On a terminal, ``check`` and ``record`` show which case runs (``check: case 17/104
 max_k2s1_ties_zeros ...``) on one line of stderr that is rewritten in place and cleared
@@ -187,10 +190,14 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--no-cache", dest="cache", action="store_false",
                  help="build a throwaway environment and remove it afterwards; the cache is "
                       "neither read nor written")
-  p.add_argument("--pytest", metavar="PATH", nargs="+", default=[],
+  p.add_argument("--pytest", metavar="PATH", nargs="*", default=None,
                  help="also run python -m pytest PATH... there, from this directory, with "
                       "NNX_REGRESSION_CHECK_ONLY=1 (the nnx_regression fixture compares and never "
-                      "records); give it last")
+                      "records); give it last. Everything after a -- goes to pytest untouched: "
+                      "--pytest tests -- -k logits")
+  p.add_argument("--no-batch", dest="batch", action="store_false",
+                 help="skip the kit's own cases (check): only run your tests (--pytest); the "
+                      "kit's cases matter when your model uses nnx-pool's layers")
   return parser
 
 
@@ -326,7 +333,19 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
   Returns:
     The exit code.
   """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  handed: list[str] = []
+  if argv[:1] == ["rehearse"] and "--" in argv:  # pytest's own options, untouched
+    cut = argv.index("--")
+    argv, handed = argv[:cut], argv[cut + 1:]
   args = _parser().parse_args(argv)
+  if args.command == "rehearse":
+    problem = _pytest_problem(args, handed)
+    if problem:
+      print(f"error: rehearse: {problem}", file=sys.stderr)
+      return 2
+    if args.pytest is not None:
+      args.pytest = [*args.pytest, *handed]
   problem = _outputs_problem(args)
   if problem:
     print(f"error: {problem}", file=sys.stderr)
@@ -377,6 +396,23 @@ def _write_json(report: Report, path: str | None) -> bool:
   return True
 
 
+def _pytest_problem(args: argparse.Namespace, handed: Sequence[str]) -> str | None:
+  """Why ``rehearse``'s pytest options do not fit together (one line), or None."""
+  if handed and args.pytest is None:
+    return (f"the arguments after -- ({' '.join(handed)}) are pytest's; pass --pytest [PATH...] "
+            "before the --.")
+  if not args.batch:
+    if args.pytest is None:
+      return "--no-batch skips the kit's own cases, so there is nothing to run without --pytest."
+    given = [name for name, value in (("-k", args.pattern), ("--dry-run", args.dry_run),
+                                      ("--html", args.html)) if value]
+    if given:
+      return (f"{', '.join(given)} with --no-batch: those options are for the kit's own cases, "
+              "which --no-batch skips; to select your tests, pass pytest's options after --: "
+              "--pytest tests -- -k NAME.")
+  return None
+
+
 def _rehearse(args: argparse.Namespace) -> int:
   """``rehearse``: prints the report of check in the rehearsal environment; the exit code."""
   if args.clear_cache:
@@ -388,8 +424,8 @@ def _rehearse(args: argparse.Namespace) -> int:
   with _progress("rehearse: step") as progress:
     report = rehearse.rehearse(
         args.requirements, baseline=args.baseline, pattern=args.pattern, dry_run=args.dry_run,
-        html=args.html, pytest_paths=args.pytest, cache=args.cache, resolve=args.resolve,
-        progress=progress)
+        html=args.html, pytest_paths=args.pytest, batch=args.batch, cache=args.cache,
+        resolve=args.resolve, progress=progress)
   _print(report, timing=args.timing, json_path=args.json)
   if not _write_json(report, args.json):
     return 2
@@ -401,7 +437,8 @@ def _rehearse(args: argparse.Namespace) -> int:
 def _clear_cache(args: argparse.Namespace) -> int:
   """``rehearse --clear-cache``: removes the cached environments; prints what it did."""
   extra = [name for name, given in (("REQ", args.requirements), ("--json", args.json),
-                                    ("--html", args.html), ("--pytest", args.pytest),
+                                    ("--html", args.html), ("--pytest", args.pytest is not None),
+                                    ("--no-batch", not args.batch),
                                     ("--resolve", args.resolve), ("--no-cache", not args.cache))
            if given]
   if extra:

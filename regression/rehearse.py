@@ -13,9 +13,11 @@ the numbers before anything here changes. It:
 3. runs ``check`` there against a baseline of this environment (the shipped one by
    default) and returns its report, with the version changes the rehearsal made
    marked ``(rehearsal)``: ``jax 0.10.2 -> 0.9.2 (rehearsal)``;
-4. with ``pytest_paths``, runs the user's ``python -m pytest PATHS`` there too, in the
+4. with ``pytest_paths``, runs the user's ``python -m pytest ARGS`` there too, in the
    user's directory, with ``NNX_REGRESSION_CHECK_ONLY=1``, so the ``nnx_regression``
-   fixture compares with the recorded baselines and never writes one.
+   fixture compares with the recorded baselines and never writes one. ``batch=False``
+   (``--no-batch``) skips step 3: only the user's tests run, and the report compares the
+   two environments' stamps.
 
 This environment is never modified: see :mod:`nnx_pool.regression.rehearse_env`.
 
@@ -127,15 +129,19 @@ class _Outcome:
 
 
 def _run_there(env: Path, job: Job, run: _Run) -> _Outcome:
-  """Runs check, then the user's tests, in the environment."""
-  job.steps.next("running check")
-  job.steps.clear()  # check draws its own case n/N line
+  """Runs check (or, without the batch, info for the stamp), then the user's tests."""
   json_path = job.scratch / "check.json"
-  code = rehearse_env.run_check(env, run.baseline, json_path, pattern=run.pattern,
-                                dry_run=run.dry_run, html=run.html, scratch=job.scratch)
+  if run.batch:
+    job.steps.next("running check")
+    job.steps.clear()  # check draws its own case n/N line
+    code = rehearse_env.run_check(env, run.baseline, json_path, pattern=run.pattern,
+                                  dry_run=run.dry_run, html=run.html, scratch=job.scratch)
+  else:
+    job.steps.next("reading the environment's stamp (info)")
+    code = rehearse_env.run_info(env, json_path, scratch=job.scratch)
   outcome = _Outcome(code, json_path, rehearse_env.environment_versions(env))
-  if run.pytest_paths:
-    job.steps.next(f"running pytest {' '.join(run.pytest_paths)}")
+  if run.pytest_paths is not None:
+    job.steps.next(f"running {' '.join(['pytest', *run.pytest_paths])}")
     job.steps.clear()
     rehearsed = rehearse_env.rehearsed_package(env)
     foreign = job.scratch / "foreign-nnx-pool.txt"
@@ -152,7 +158,8 @@ def rehearse(
     pattern: str | None = None,
     dry_run: bool = False,
     html: str | os.PathLike | None = None,
-    pytest_paths: Sequence[str] = (),
+    pytest_paths: Sequence[str] | None = None,
+    batch: bool = True,
     cache: bool = True,
     resolve: bool = False,
     progress: StepProgress | None = None,
@@ -165,7 +172,10 @@ def rehearse(
     pattern: ``check -k``: only the cases it selects.
     dry_run: ``check --dry-run``: report drift, exit 0.
     html: ``check --html``: the page to write (the ``report`` extra is installed there).
-    pytest_paths: also run ``python -m pytest`` on these there, comparing only.
+    pytest_paths: also run ``python -m pytest`` with these arguments there (paths, then any
+      option, handed to pytest untouched), comparing only; None runs no pytest.
+    batch: run the kit's own cases (``check``); False runs only the user's tests, and the
+      report's environment changes are those between this environment and the rehearsal's.
     cache: keep the environment under
       :func:`~nnx_pool.regression.rehearse_cache.cache_root` and reuse it; False builds a
       throwaway one and removes it.
@@ -184,7 +194,7 @@ def rehearse(
     pins = installed_pins()
     depends = installed_depends() if resolve else {}
     plan = make_plan(requirements, pins=pins, requires=source.requires, html=html is not None,
-                     pytest=bool(pytest_paths), resolve=resolve, depends=depends)
+                     pytest=pytest_paths is not None, resolve=resolve, depends=depends)
     keep = rehearse_cache.keep_count() if cache else 0
   except RehearsalError as e:
     return Report(command="check", exit_code=2, error=str(e))
@@ -192,18 +202,21 @@ def rehearse(
   # The checkout's revision now, as the copy installed below is taken (None from a wheel).
   git = git_revision(source.root) if source.root is not None else None
   run = _Run(Path(baseline).absolute(), pattern, dry_run,
-             None if html is None else Path(html).absolute(), tuple(pytest_paths))
+             None if html is None else Path(html).absolute(),
+             None if pytest_paths is None else tuple(pytest_paths), batch)
   with tempfile.TemporaryDirectory(prefix="nnx-pool-rehearse-") as tmp:
     job = Job(plan, source, Path(tmp), Steps(progress, 2 + run.then()), pins)
     try:
       outcome = _in_cache(job, run) if cache else _in_throwaway(job, run)
     except RehearsalError as e:
       return Report(command="check", exit_code=2, error=str(e))
-    report = _report(outcome.json_path, outcome.code, here, git)
-  report.baseline = str(baseline)
+    report = (_report(outcome.json_path, outcome.code, here, git) if batch
+              else _stamp_report(outcome.json_path, outcome.code, here, git))
+  report.baseline = str(baseline) if batch else None
   others = ("everything else at this environment's versions, or older where --resolve chose"
             if resolve else "everything else at this environment's versions")
-  report.notes.append(f"rehearsal: check ran in a separate environment with "
+  what = "check ran" if batch else "your tests ran (--no-batch: not the kit's own cases)"
+  report.notes.append(f"rehearsal: {what} in a separate environment with "
                       f"{' '.join(plan.changes)}, {others}; {outcome.where}")
   report.notes += resolved_notes(plan, outcome.there, pins, depends)
   if cache:
@@ -222,11 +235,12 @@ class _Run:
   pattern: str | None
   dry_run: bool
   html: Path | None
-  pytest_paths: tuple[str, ...]
+  pytest_paths: tuple[str, ...] | None
+  batch: bool = True
 
   def then(self) -> int:
-    """The steps that follow the environment's set-up: check, and pytest."""
-    return 1 + bool(self.pytest_paths)
+    """The steps that follow the environment's set-up: check (or info), and pytest."""
+    return 1 + (self.pytest_paths is not None)
 
 
 def _in_cache(job: Job, run: _Run) -> _Outcome:
@@ -261,12 +275,13 @@ def _in_throwaway(job: Job, run: _Run) -> _Outcome:
   return outcome
 
 
-def _fold_pytest(report: Report, outcome: _Outcome, pytest_paths: Sequence[str]) -> Report:
+def _fold_pytest(report: Report, outcome: _Outcome, pytest_paths: Sequence[str] | None
+                 ) -> Report:
   """pytest's outcome in the report's notes, error and exit code."""
   tested = outcome.tested
   if tested is not None:
     meaning = PYTEST_EXITS.get(tested, (2, "an unknown status"))[1]
-    text = f"pytest {' '.join(pytest_paths)} exited {tested} ({meaning}), comparing only"
+    text = f"{' '.join(['pytest', *pytest_paths])} exited {tested} ({meaning}), comparing only"
     report.notes.append(f"rehearsal: {text}")
     if outcome.error:
       report.error = outcome.error + (f"; {report.error}" if report.error else "")
@@ -276,6 +291,30 @@ def _fold_pytest(report: Report, outcome: _Outcome, pytest_paths: Sequence[str])
   report.exit_code = combined_exit(code if report.error is None else code or 2, tested)
   if outcome.error:
     report.exit_code = 2
+  return report
+
+
+def _stamp_report(json_path: Path, code: int, here: Mapping[str, str | None],
+                  git: dict[str, Any] | None) -> Report:
+  """The report of a rehearsal without the batch: the rehearsal's stamp against this
+  environment's, its changes marked; no rows."""
+  from nnx_pool.regression.stamp import collect_stamp
+
+  try:
+    there = json.loads(json_path.read_text())["stamp"]
+    if not isinstance(there, dict):
+      raise TypeError(type(there).__name__)
+  except (OSError, ValueError, KeyError, TypeError):
+    return Report(command="check", exit_code=code or 2, error=(
+        f"rehearse: info in the rehearsal environment exited {code} without a readable "
+        "stamp; its messages above say why."))
+  if git is not None and not (there.get("git") or {}).get("revision"):
+    there["git"] = git
+  mine = collect_stamp()
+  report = Report(command="check", stamp=there, baseline_stamp=mine)
+  report.stamp_changes = rehearsal_changes(mine, there, here)
+  report.notes.append("rehearsal: --no-batch: the kit's own cases did not run; the environment "
+                      "changes are this environment's against the rehearsal's")
   return report
 
 

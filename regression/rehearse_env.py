@@ -259,6 +259,14 @@ def run_check(env: Path, baseline: Path, json_path: Path, *, pattern: str | None
                         stdout=subprocess.DEVNULL, check=False).returncode
 
 
+def run_info(env: Path, json_path: Path, *, scratch: Path) -> int:
+  """Runs ``info --json`` in the environment (its stamp, for a rehearsal without the batch)."""
+  command = [str(interpreter(env)), "-P", "-m", "nnx_pool.regression", "info", "--json",
+             str(json_path)]
+  return subprocess.run(command, cwd=scratch, env=subprocess_env(env), stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, check=False).returncode
+
+
 # The user's `python -m pytest`, run by `python -c` so that sys.path is the same (their
 # directory first), with a guard: `import nnx_pool` must find the rehearsed nnx-pool, before
 # pytest starts (a nnx_pool/ in their directory) and after it ends (one a conftest found).

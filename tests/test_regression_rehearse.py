@@ -102,7 +102,8 @@ def test_rehearse_parser_reads_requirements_then_options():
   assert (args.cache, args.dry_run, args.html, args.resolve) == (False, True, None, True)
   assert args.pytest == ["tests/a.py", "tests/b.py"]
   defaults = cli._parser().parse_args(["rehearse", "jax==0.9.2"])
-  assert (defaults.baseline, defaults.cache, defaults.pytest) == (str(SHIPPED), True, [])
+  assert (defaults.baseline, defaults.cache, defaults.pytest) == (str(SHIPPED), True, None)
+  assert defaults.batch is True
   assert (defaults.resolve, defaults.clear_cache) == (False, False)
 
 
@@ -848,6 +849,55 @@ def test_rehearse_pytest_runs_the_users_tests_in_their_directory(stand_in, monke
   stand_in.write("pytest_rc", "5")
   assert rehearse.rehearse(["jax==0.9.2"], baseline="base",
                            pytest_paths=["tests/x.py"]).exit_code == 2
+
+
+def test_rehearse_hands_pytest_everything_after_the_double_dash_untouched(stand_in, monkeypatch,
+                                                                         tmp_path):
+  # Issue 23: `--pytest tests -k logits` made -k the kit's case filter, and pytest ran every
+  # test. After `--`, pytest's options reach pytest as written, and the kit's -k stays unset.
+  monkeypatch.chdir(tmp_path)
+  stand_in.write("check_rc", "0")
+  stand_in.write("report.json", _check_json(0))
+  code = cli.main(["rehearse", "jax==0.9.2", "--pytest", "tests", "--", "-k", "logits and not grad",
+                   "--", "-x"])
+  assert code == 0
+  log = stand_in.log()
+  check = next(line for line in log if "nnx_pool.regression check" in line)
+  assert " -k " not in check  # the kit's cases are not filtered
+  assert f"pytest -p no:cacheprovider tests -k logits and not grad -- -x (in {tmp_path})" in log
+  pytest_run = next(a for a in stand_in.started if a[1] == "-c")
+  assert pytest_run[-5:] == ["tests", "-k", "logits and not grad", "--", "-x"]
+
+
+def test_rehearse_no_batch_runs_only_the_users_tests(stand_in, monkeypatch, tmp_path, capsys):
+  monkeypatch.chdir(tmp_path)
+  stand_in.write("check_rc", "0")
+  stand_in.write("report.json", _check_json(0))  # what `info --json` writes holds a stamp too
+  code = cli.main(["rehearse", "jax==0.9.2", "--no-batch", "--pytest", "--", "-k", "logits"])
+  out = capsys.readouterr().out
+  assert code == 0
+  log = stand_in.log()
+  assert not any("nnx_pool.regression check" in line for line in log)
+  assert any(line.startswith("-P -m nnx_pool.regression info --json") for line in log)
+  assert f"pytest -p no:cacheprovider -k logits (in {tmp_path})" in log
+  # No table: the rehearsal's stamp against this environment's, its change marked.
+  assert "case " not in out and REHEARSED_JAX in out
+  assert "note: rehearsal: --no-batch: the kit's own cases did not run" in out
+  assert "note: rehearsal: pytest -k logits exited 0 (passed), comparing only" in out
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["--", "-k", "x"], "the arguments after -- (-k x) are pytest's; pass --pytest [PATH...] "
+                        "before the --."),
+    (["--no-batch"], "--no-batch skips the kit's own cases, so there is nothing to run without "
+                     "--pytest."),
+    (["--no-batch", "-k", "avg", "--pytest", "tests"],
+     "-k with --no-batch: those options are for the kit's own cases, which --no-batch skips; "
+     "to select your tests, pass pytest's options after --: --pytest tests -- -k NAME."),
+])
+def test_rehearse_pytest_options_that_do_not_fit_exit_2(argv, error, capsys):
+  assert cli.main(["rehearse", "jax==0.9.2", *argv]) == 2
+  assert capsys.readouterr().err == f"error: rehearse: {error}\n"
 
 
 def test_rehearse_pytest_refuses_a_run_that_imported_another_nnx_pool(stand_in, capsys,
