@@ -294,6 +294,31 @@ def test_each_kernel_runs_under_a_named_scope():
   assert "nnx_pool.window_extremum/nnx_pool.flat_indices/" in returned.as_text(debug_info=True)
 
 
+def test_only_a_split_spatial_dim_runs_a_kernel_on_auto_axes():
+  # _jit's sharding rule reads the axis names of an Explicit sharding's spec (one device is
+  # enough): a split batch or channel axis runs the kernel as it is (no pad or strided
+  # slice crosses a shard); a split spatial axis runs it under auto_axes, its spec padded
+  # to the rank. (tests/test_sharding.py runs the split maps on 8 devices.)
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from nnx_pool._jit import _explicit_spatial_spec
+
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  if axis_type is None or not hasattr(jax.sharding, "auto_axes"):
+    pytest.skip(f"jax {jax.__version__} has no Explicit mesh axes")
+  mesh = jax.make_mesh((1, 1), ("a", "b"), axis_types=(axis_type.Explicit,) * 2)
+
+  def spec_of(*spec):
+    sharding = NamedSharding(mesh, PartitionSpec(*spec))
+    return _explicit_spatial_spec(jax.device_put(np.zeros((2, 4, 4, 3), np.float32), sharding))
+
+  assert spec_of("a", None, None, "b") is None  # batch and channels split
+  assert spec_of(None, None, None, ("a", "b")) is None
+  assert spec_of(None, "a", None, None) == PartitionSpec(None, "a", None, None)
+  assert spec_of("a", None, "b") == PartitionSpec("a", None, "b", None)
+  assert _explicit_spatial_spec(jnp.zeros((2, 4, 4, 3))) is None  # not sharded
+
+
 # ----------------------------------------------------------------------------
 # strides: no default in the functions.
 # ----------------------------------------------------------------------------
