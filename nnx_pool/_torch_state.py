@@ -32,23 +32,19 @@ shapes only (``nnx.eval_shape``) with ``sizes`` and the options; and assigns eac
 value, checking its shape against the module's variable. Every error names the
 module and the key.
 
-A new module's loader is a few rows. CLIP's attention pooling head, for an NNX
-module with ``q``, ``k``, ``v`` and ``out`` :class:`flax.nnx.Linear` layers and a
-``pos_embed`` parameter, from open_clip's ``AttentionPool2d`` or timm's fused
-``qkv``::
+A new module's loader is a few rows. CLIP's attention pooling head
+(:class:`~nnx_pool.AttentionPool`: ``q``, ``k`` and ``v`` or a fused ``qkv``,
+and ``proj``, all :class:`flax.nnx.Linear`, and a ``pos_embed`` parameter) reads
+open_clip's ``AttentionPool2d`` with one key set, renaming each layer::
 
-  "AttentionPool": Loader(
-      inferred=("in_features", "out_features"),
-      key_sets=(
-          (*linear("q_proj", "q"), *linear("k_proj", "k"), *linear("v_proj", "v"),
-           *linear("c_proj", "out"), Row("positional_embedding", "pos_embed")),
-          (Row("qkv.weight", ("q.kernel", "k.kernel", "v.kernel"), linear_weight()),
-           Row("qkv.bias", ("q.bias", "k.bias", "v.bias")),
-           *linear("proj", "out"), Row("pos_embed", "pos_embed")),
-      ),
-      sizes=lambda p: dict(in_features=p["q.kernel"].shape[0],
-                           out_features=p["out.kernel"].shape[1]),
-  ),
+  (*linear("q_proj", "q"), *linear("k_proj", "k"), *linear("v_proj", "v"),
+   *linear("c_proj", "proj"), Row("positional_embedding", "pos_embed"))
+
+and timm's fused ``qkv`` with another, ``Row("qkv.weight", "qkv.kernel", ...)``.
+A module that keeps q, k and v apart would split the fused weight into three
+with ``Row("qkv.weight", ("q.kernel", "k.kernel", "v.kernel"), linear_weight())``.
+``sizes`` reads the constructor arguments back from the converted weights
+(``in_features=p["pos_embed"].shape[1]``...).
 
 The conversions on their own:
 
@@ -63,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping
 
 import jax
@@ -226,6 +223,74 @@ def _context_sizes(p: Mapping[str, np.ndarray]) -> dict:
               fuse_add="mlp_add.fc1.kernel" in p)
 
 
+# Issue 25, the attention pooling heads (nnx_pool._attention): AttentionPool, AttentionPoolLatent.
+
+
+def _stacked(parts: int, what: str) -> Requirement:
+  """A fused projection's weight ``(parts * E, C)``: ``what`` stacked along its rows."""
+  def requirement(shape: tuple[int, ...]) -> str | None:
+    if shape[0] % parts:
+      return (f"must stack {what} along its first axis, so a multiple of {parts} rows; got "
+              f"shape {shape}.")
+    return None
+  return requirement
+
+
+def _attention_pool_rows(separate: bool, bias: bool, proj: bool, cls: bool) -> tuple[Row, ...]:
+  """timm AttentionPool2d: fused ``qkv`` or separate ``q``/``k``/``v``, ``proj``, ``pos_embed``."""
+  if separate:
+    qkv = tuple(row for name in "qkv" for row in linear(name, name, bias=bias))
+  else:
+    qkv = linear("qkv", "qkv", bias=bias,
+                 weight=linear_weight(_stacked(3, "q, k and v (E rows each)")))
+  return (*qkv, *(linear("proj", "proj") if proj else ()), Row("pos_embed", "pos_embed"),
+          *((Row("cls_token", "cls_token"),) if cls else ()))
+
+
+def _attention_pool_sizes(p: Mapping[str, np.ndarray]) -> dict:
+  separate = "q.kernel" in p
+  embed_dim = p["q.kernel"].shape[1] if separate else p["qkv.kernel"].shape[1] // 3
+  return dict(in_features=p["pos_embed"].shape[1], embed_dim=embed_dim,
+              out_features=p["proj.kernel"].shape[1] if "proj.kernel" in p else 0,
+              qkv_bias="q.bias" in p or "qkv.bias" in p, qkv_separate=separate,
+              class_token="cls_token" in p)
+
+
+def mlp_ratio_for(out_features: int, hidden: int) -> float:
+  """The ``mlp_ratio`` whose ``int(out_features * mlp_ratio)`` is ``hidden`` (timm's Mlp width).
+
+  ``hidden / out_features`` is sometimes a hair short (11 * (15 / 11) < 15), so
+  it is nudged up to the next float until the product reaches ``hidden``.
+
+  >>> ratio = mlp_ratio_for(11, 15)
+  >>> int(11 * (15 / 11)), int(11 * ratio)
+  (14, 15)
+  """
+  ratio = hidden / out_features
+  while int(out_features * ratio) < hidden:
+    ratio = math.nextafter(ratio, math.inf)
+  return ratio
+
+
+def _latent_rows(bias: bool, qk_norm: bool) -> tuple[Row, ...]:
+  """timm AttentionPoolLatent with a ViT's LayerNorm: latent, q, fused kv, norms, proj, mlp."""
+  return (Row("latent", "latent"), *linear("q", "q", bias=bias),
+          *linear("kv", "kv", bias=bias,
+                  weight=linear_weight(_stacked(2, "k and v (E rows each)"))),
+          *((*layer_norm("q_norm", "q_norm"), *layer_norm("k_norm", "k_norm")) if qk_norm else ()),
+          *linear("proj", "proj"), *layer_norm("norm", "norm"),
+          *linear("mlp.fc1", "mlp.fc1"), *linear("mlp.fc2", "mlp.fc2"))
+
+
+def _latent_sizes(p: Mapping[str, np.ndarray]) -> dict:
+  out_features = p["proj.kernel"].shape[1]
+  return dict(in_features=p["kv.kernel"].shape[0], embed_dim=p["q.kernel"].shape[1],
+              out_features=out_features,
+              mlp_ratio=mlp_ratio_for(out_features, p["mlp.fc1.kernel"].shape[1]),
+              qkv_bias="q.bias" in p, qk_norm="q_norm.scale" in p,
+              latent_len=p["latent"].shape[1])
+
+
 TORCH_KEYS: dict[str, Loader] = {
     # torchvision SqueezeExcitation, timm SEModule (fc1/fc2), timm EfficientNet SqueezeExcite
     # (conv_reduce/conv_expand), with or without biases.
@@ -284,6 +349,29 @@ TORCH_KEYS: dict[str, Loader] = {
                        for attn in (True, False)
                        for scale, add in ((True, False), (False, True), (True, True))),
         sizes=_context_sizes,
+    ),
+    # Issue 25, the attention pooling heads (nnx_pool._attention).
+    # timm AttentionPool2d (fused qkv or separate q/k/v, with or without their biases; proj
+    # absent for out_features=0; cls_token for class_token=True), and open_clip ModifiedResNet's
+    # AttentionPool2d (q_proj/k_proj/v_proj/c_proj, positional_embedding) as separate q/k/v.
+    "AttentionPool": Loader(
+        inferred=("in_features", "embed_dim", "head_dim", "out_features", "qkv_bias",
+                  "qkv_separate", "class_token"),
+        key_sets=(*(_attention_pool_rows(separate, bias, proj, cls)
+                    for separate in (False, True) for bias in (True, False)
+                    for proj in (True, False) for cls in (False, True)),
+                  (*linear("q_proj", "q"), *linear("k_proj", "k"), *linear("v_proj", "v"),
+                   *linear("c_proj", "proj"), Row("positional_embedding", "pos_embed"))),
+        sizes=_attention_pool_sizes,
+    ),
+    # timm AttentionPoolLatent as a ViT builds it (global_pool='map', norm_layer=LayerNorm),
+    # with or without q/kv biases and q_norm/k_norm.
+    "AttentionPoolLatent": Loader(
+        inferred=("in_features", "embed_dim", "out_features", "mlp_ratio", "qkv_bias",
+                  "qk_norm", "latent_len"),
+        key_sets=tuple(_latent_rows(bias, qk_norm)
+                       for bias in (True, False) for qk_norm in (False, True)),
+        sizes=_latent_sizes,
     ),
 }
 
