@@ -13,6 +13,9 @@ the input by it:
 * :class:`CBAM`: a channel gate from mean and max, then a spatial gate
   (Woo et al. 2018, https://arxiv.org/abs/1807.06521).
 
+timm's light CBAM and GCNet's global context follow the same conventions in
+:mod:`nnx_pool._context_gates`.
+
 Inputs are ``(*batch, *spatial, C)``: usually ``(N, *spatial, C)``, or unbatched
 ``(*spatial, C)``. As for the global pools, ``num_spatial_dims`` (default 2) says
 how many axes lie before the channels, so every axis before them is a batch

@@ -50,9 +50,11 @@ from nnx_pool._torch_state import TORCH_KEYS, load
 def _check_exponent(value, name: str):
   """A positive finite number (as a float), or a floating array of one element (as it is).
 
-  An array is the parameter of a module (or a user's own), possibly traced, so its value
-  is not checked.
+  An array is the parameter of a module (or a user's own ``nnx.Param``, read here),
+  possibly traced, so its value is not checked.
   """
+  if isinstance(value, nnx.Variable):
+    value = value[...]
   if isinstance(value, (jax.Array, np.ndarray)):
     if value.size != 1 or not jnp.issubdtype(value.dtype, jnp.floating):
       raise TypeError(
@@ -138,8 +140,8 @@ def gem_pool(inputs, p=3.0, *, eps: float = 1e-6, flatten: bool = True,
 
   Args:
     inputs: ``(*batch, *spatial, C)`` floats.
-    p: the exponent, a positive number, or a floating array of one element such as a
-      learnable parameter (default 3.0).
+    p: the exponent, a positive number, or a floating array (or ``nnx.Param``) of one
+      element, such as a learnable parameter (default 3.0).
     eps: inputs below this positive number are raised to it (default 1e-6).
     flatten: return ``(*batch, C)`` (default True), else ``(*batch, 1, ..., 1, C)``.
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
@@ -169,8 +171,8 @@ def lse_plus_pool(inputs, r=10.0, *, flatten: bool = True, num_spatial_dims: int
 
   Args:
     inputs: ``(*batch, *spatial, C)`` floats.
-    r: the sharpness, a positive number, or a floating array of one element such as a
-      learnable parameter (default 10.0).
+    r: the sharpness, a positive number, or a floating array (or ``nnx.Param``) of one
+      element, such as a learnable parameter (default 10.0).
     flatten: return ``(*batch, C)`` (default True), else ``(*batch, 1, ..., 1, C)``.
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
     in_features: the channel count, checked against the last axis when given

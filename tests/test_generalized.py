@@ -158,6 +158,8 @@ def test_jit_vmap_and_grad():
   # p as a traced array (a user's own parameter): d/dp at p = 1 of (mean x^p)^(1/p) is
   # m (mean(x log x) / m - log m) for m = mean(x) (the derivative of the power mean).
   dp = jax.grad(lambda p: jnp.sum(gem_pool(x, p)))(jnp.float32(1.0))
+  # An nnx.Param of one element is read as its value (a user's own learnable p).
+  np.testing.assert_array_equal(gem_pool(x, nnx.Param(jnp.ones(1))), gem_pool(x, 1.0))
   x64 = x.astype(np.float64)
   m = x64.mean(axis=(1, 2))
   expected = np.sum(m * ((x64 * np.log(x64)).mean(axis=(1, 2)) / m - np.log(m)))
