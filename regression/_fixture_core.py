@@ -9,7 +9,8 @@ split_callable`), and compares a :class:`Recording` with a baseline.
 A fixture baseline (format version 3) holds, as arrays, the inputs (``input/<i>``) and one
 result per output leaf (``output[/<path>]``; for ``check_grad`` ``loss`` and
 ``grad/<path>``): the jit and the eager result are both compared with it, so nothing is
-stored twice. Its manifest holds the model's state schema, its mode flags, a fingerprint of
+stored twice (where the two runs disagree already when recording, the eager one is kept
+too, as ``<key>_eager``, and the eager run compared with it). Its manifest holds the model's state schema, its mode flags, a fingerprint of
 every variable (:func:`~nnx_pool.regression.model_state.weight_fingerprints`) and of every
 submodule's output. With ``store_params=True`` the model's state (every variable but the PRNG
 keys) is stored whole, once per set of weights, in ``<root>/_weights/<16 hex>/`` (a baseline
@@ -99,7 +100,8 @@ def _flatten(prefix: str, tree: Any, separator: str = "/") -> dict[str, np.ndarr
   out = {}
   for path, leaf in leaves:
     suffix = jax.tree_util.keystr(path, simple=True, separator=separator)
-    suffix = suffix.removesuffix(f"{separator}value")  # an nnx.State leaf in Flax 0.11
+    if suffix == "value" or suffix.endswith(f"{separator}value"):  # a Variable's array
+      suffix = suffix[:-len("value")].removesuffix(separator)
     out[f"{prefix}/{suffix}" if suffix else prefix] = to_numpy(leaf)
   return out
 
@@ -334,9 +336,21 @@ def write(path: Path, rec: Recording, stamp: Mapping[str, Any], *, nodeid: str,
     weights_set = weights.name
   store.write_baseline(path, _fields(rec, stamp, nodeid=nodeid, name=name,
                                      weights_set=weights_set),
-                       {**rec.inputs, **rec.results}, force=True)
+                       {**rec.inputs, **rec.results, **disagreeing_eager(rec)}, force=True)
   remove_obtained(path)
   return Written(size_of(path), weights, size_of(weights) if weights else 0, new)
+
+
+def disagreeing_eager(rec: Recording) -> dict[str, np.ndarray]:
+  """The eager results that are not within tolerance of the jit ones, keyed ``*_eager``.
+
+  A baseline stores one result per output, compared with both runs; only where the two runs
+  already disagree when recording (BatchNorm in train mode can: jit fuses its variance) is
+  the eager result stored too, and the eager run compared with it.
+  """
+  return {eager_key(key): value for key, value in rec.eager.items()
+          if key in rec.results and not compare_arrays(value, rec.results[key],
+                                                       rec.tolerances[key]).passed}
 
 
 def obtained_path(path: Path) -> Path:
@@ -519,10 +533,13 @@ def _rows_for(report: Report, name: str, key: str, stored: Mapping[str, np.ndarr
   tol, expected = rec.tolerances[key], stored[key]
   sides = [("", rec.results[key])]
   eager = rec.eager.get(key)
-  if eager is not None and not compare_arrays(eager, rec.results[key], tol).passed:
+  if eager is not None and (eager_key(key) in stored or not compare_arrays(
+      eager, rec.results[key], tol).passed):
     sides = [(" [jit]", rec.results[key]), (" [eager]", eager)]
   failed = False
   for label, actual in sides:
+    if label == " [eager]":  # against the eager result where the baseline kept one
+      expected = stored.get(eager_key(key), expected)
     verdict = compare_arrays(actual, expected, tol)
     row = _row(f"{name}:{key}{label}", verdict, tol)
     if not verdict.passed and actual.dtype == expected.dtype and actual.shape == expected.shape:

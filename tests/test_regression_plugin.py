@@ -232,3 +232,96 @@ def test_plugin_damaged_baseline_fails_with_the_reason(pytester):
   result.stdout.fnmatch_lines(
       [f"*nnx_regression: baseline *pool: {npz.name} is truncated or damaged*"]
   )
+
+
+BN_TEST = """
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+PAD = {pad}
+X = jnp.asarray(np.linspace(-1, 1, 2 * 8 * 8 * 3, dtype=np.float32).reshape(2, 8, 8, 3))
+
+
+class Net(nnx.Module):
+  def __init__(self, rngs):
+    self.conv = nnx.Conv(3, 4, (3, 3), padding=PAD, rngs=rngs)
+    self.bn = nnx.BatchNorm(4, rngs=rngs)
+    self.fc = nnx.Linear(4, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return self.fc(jnp.mean(jax.nn.relu(self.bn(self.conv(x))), axis=(1, 2)))
+
+
+def test_logits(nnx_regression):
+  model = Net(nnx.Rngs(0))
+  model.eval()
+  {before}
+  nnx_regression.check("logits", model, X)
+
+
+def test_grads(nnx_regression):
+  model = Net(nnx.Rngs(0))
+  nnx_regression.check_grad("grads", lambda m, x: jnp.mean(m(x) ** 2), model, X)
+"""
+
+
+def _bn(pytester, pad="1", before="pass"):
+  return pytester.makepyfile(test_bn=BN_TEST.format(pad=pad, before=before))
+
+
+def test_plugin_html_page_of_the_sessions_failing_checks(pytester):
+  _bn(pytester)
+  pytester.runpytest(*PLUGIN)
+  _bn(pytester, pad="0")  # the convolution's padding: shapes (2, 8, 8, 4) -> (2, 6, 6, 4)
+  page = pytester.path / "page.html"
+  result = pytester.runpytest(*PLUGIN, "--nnx-regression-html", str(page))
+  result.assert_outcomes(failed=2)
+  result.stdout.fnmatch_lines([
+      "first moved at `conv` (Conv): shape (2, 8, 8, 4) -> (2, 6, 6, 4)",
+      f"HTML report of 2 failing check(s): {page}",
+  ])
+  text = page.read_text()
+  assert "test_bn/logits: first moved at `conv` (Conv): shape (2, 8, 8, 4) -&gt; (2, 6, 6, 4)" in (
+      text)
+  assert "<figure>" in text and "Environments" in text  # the figures, the stamps side by side
+  # Failures first: the first row of the table is a failing one.
+  table = text[text.index("<h2>Cases</h2>"):]
+  assert table.index("FAIL") < table.index("PASS")
+  for name in ("logits", "grads"):
+    assert (pytester.path / "_regression" / "test_bn" / f"{name}.obtained").is_dir()
+
+
+def test_plugin_html_needs_a_writable_place(pytester):
+  _bn(pytester)
+  result = pytester.runpytest(*PLUGIN, "--nnx-regression-html", str(pytester.path / "no" / "p"))
+  assert result.ret == pytest.ExitCode.USAGE_ERROR
+  result.stderr.fnmatch_lines([f"*--nnx-regression-html *: directory {pytester.path / 'no'} "
+                               "does not exist."])
+
+
+def test_plugin_regression_dir_keeps_baselines_outside_the_tests(pytester, tmp_path):
+  _bn(pytester)
+  outside = tmp_path / "baselines"
+  # DIR mirrors the test directories relative to pytest's rootdir (here the test directory).
+  pytester.runpytest(*PLUGIN, f"--nnx-regression-dir={outside}", "-k", "logits")
+  assert not (pytester.path / "_regression").exists()
+  assert (outside / "test_bn" / "logits" / "manifest.json").is_file()
+  pytester.runpytest(*PLUGIN, f"--nnx-regression-dir={outside}",
+                     "-k", "logits").assert_outcomes(passed=1)
+
+
+def test_plugin_does_not_advise_deleting_baselines_of_tests_that_failed_before_check(pytester):
+  _bn(pytester)
+  pytester.runpytest(*PLUGIN)
+  _bn(pytester, before="raise RuntimeError('broken before the check')")
+  result = pytester.runpytest(*PLUGIN)
+  result.assert_outcomes(failed=1, passed=1)
+  out = result.stdout.str()
+  assert "unused baseline" not in out and "delete them" not in out
+  result.stdout.fnmatch_lines([
+      "1 baseline(s) not reached: the test that records each failed, errored or was skipped "
+      "before its check (keep them):",
+      "  *_regression*test_bn*logits (test_bn.py::test_logits)",
+  ])
