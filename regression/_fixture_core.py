@@ -10,9 +10,10 @@ A fixture baseline (format version 3) holds, as arrays, the inputs (``input/<i>`
 result per output leaf (``output[/<path>]``; for ``check_grad`` ``loss`` and
 ``grad/<path>``): the jit and the eager result are both compared with it, so nothing is
 stored twice (where the two runs disagree already when recording, the eager one is kept
-too, as ``<key>_eager``, and the eager run compared with it). Its manifest holds the model's state schema, its mode flags, a fingerprint of
-every variable (:func:`~nnx_pool.regression.model_state.weight_fingerprints`) and of every
-submodule's output. With ``store_params=True`` the model's state (every variable but the PRNG
+too, as ``<key>_eager``, and the eager run compared with it). Its manifest holds the
+model's state schema, its mode flags, a fingerprint of every variable
+(:func:`~nnx_pool.regression.model_state.weight_fingerprints`) and of every submodule's
+output. With ``store_params=True`` the model's state (every variable but the PRNG
 keys) is stored whole, once per set of weights, in ``<root>/_weights/<16 hex>/`` (a baseline
 directory of its own, named by a digest of its contents, shared by every test that stores
 the same weights), and loaded into the model before it runs.
