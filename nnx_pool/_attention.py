@@ -359,7 +359,12 @@ class AttentionPool(nnx.Module):
     in the input's dtype; ``out`` is ``out_features`` (``embed_dim`` when 0).
     """
     module = type(self).__name__
-    x, batch = prepare(inputs, 2, kind="float", module=module, in_features=self.in_features,
+    x = as_array(inputs)
+    if x.ndim < 3:  # prepare's message would suggest a num_spatial_dims this module lacks
+      raise ValueError(
+          f"{module}: `inputs` must be a channels-last map (N, H, W, C), (H, W, C) or "
+          f"(*batch, H, W, C); got shape {tuple(x.shape)} (rank {x.ndim}).")
+    x, batch = prepare(x, 2, kind="float", module=module, in_features=self.in_features,
                        owner=self)
     check_nonempty_spatial(x, module)
     with jax.named_scope("nnx_pool.attention_pool"):

@@ -671,6 +671,10 @@ def test_inputs_refused():
     head(jnp.zeros((2, 3, 4), jnp.int32))
   pool = shaped(AttentionPool, 4, feat_size=2, num_heads=2)
   with pytest.raises(ValueError, match=re.escape(
+      "AttentionPool: `inputs` must be a channels-last map (N, H, W, C), (H, W, C) or "
+      "(*batch, H, W, C); got shape (5, 4) (rank 2).")):
+    pool(jnp.zeros((5, 4)))
+  with pytest.raises(ValueError, match=re.escape(
       "AttentionPool: `inputs` needs non-empty spatial dims (there is nothing to pool); got "
       "spatial shape (0, 3) in shape (1, 0, 3, 4).")):
     pool(jnp.zeros((1, 0, 3, 4)))
