@@ -82,8 +82,8 @@ def _check_param_dtype(value) -> jnp.dtype:
 
 def _computation(x: jax.Array, parameter: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``x`` and the scalar ``parameter`` in the computation dtype: float32 at least, wider
-  if either is."""
-  dtype = jnp.promote_types(accumulation_dtype(x.dtype), jnp.result_type(parameter))
+  if either is (a Python number, weakly typed, does not widen it)."""
+  dtype = jnp.result_type(accumulation_dtype(x.dtype), parameter)
   return x.astype(dtype), jnp.asarray(parameter, dtype).reshape(())
 
 
