@@ -166,6 +166,18 @@ def test_jit_vmap_and_grad():
   np.testing.assert_allclose(dp, expected, rtol=1e-5)
 
 
+def test_a_python_exponent_does_not_widen_float32_under_x64():
+  # A Python p is weakly typed: with jax_enable_x64 a float32 map is still raised to the
+  # power in float32 (it was float64: the literal widened the computation).
+  enable_x64 = getattr(jax, "enable_x64", None)
+  if enable_x64 is None:
+    pytest.skip("this jax has no jax.enable_x64 context manager")
+  with enable_x64(True):
+    text = str(jax.make_jaxpr(lambda x: gem_pool(x, 3.0))(np.ones((1, 2, 2, 1), np.float32)))
+  powers = [line.split("=")[0] for line in text.splitlines() if " pow " in line]
+  assert powers and all(":f32[" in power for power in powers), text
+
+
 def test_learnable_false_is_a_fixed_variable():
   x = _random((2, 3, 3, 2), seed=7)
   for fixed, learnable in ((GeMPool(learnable=False), GeMPool()),
