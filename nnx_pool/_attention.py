@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax.nnx.nn import dtypes
 
 from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names, is_int
 from nnx_pool._layout import (
@@ -155,22 +154,6 @@ def _value(variable) -> jax.Array | None:
   return variable.get_value() if hasattr(variable, "get_value") else variable.value
 
 
-def _dense(x: jax.Array, layer: nnx.Linear, dtype, columns: slice = slice(None)) -> jax.Array:
-  """``layer`` applied to ``x``, as :class:`flax.nnx.Linear` computes it, on some output columns.
-
-  A fused projection (timm's ``qkv``) is split by its columns, so that the head
-  computes only the queries it returns.
-  """
-  kernel = _value(layer.kernel)[:, columns]
-  bias = _value(layer.bias)
-  bias = None if bias is None else bias[columns]
-  x, kernel, bias = dtypes.promote_dtype((x, kernel, bias), dtype=dtype)
-  y = jnp.matmul(x, kernel)
-  if bias is not None:
-    y = y + bias.reshape((1,) * (y.ndim - 1) + (-1,))
-  return y
-
-
 def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   """Multi-head scaled dot-product attention: ``softmax(q k^T / sqrt(d)) v`` per head.
 
@@ -278,13 +261,14 @@ class AttentionPool(nnx.Module):
     >>> from nnx_pool import AttentionPool
     >>> pool = AttentionPool(4, feat_size=(1, 3), out_features=3, num_heads=2,
     ...                      rngs=nnx.Rngs(0))
-    >>> pool.qkv.kernel.shape, pool.pos_embed.shape  # 1 + 1*3 tokens
-    ((4, 12), (4, 4))
+    >>> pool.q.kernel.shape, pool.pos_embed.shape  # 1 + 1*3 tokens
+    ((4, 4), (4, 4))
     >>> # Zero position embedding, zero q and k: uniform attention, so the output is the
     >>> # projected mean of v over the 4 tokens; with v and proj the identity, the mean
     >>> # of (the mean cell, the 3 cells) is the mean cell, [4, 5, 6, 7].
     >>> pool.pos_embed[...] = jnp.zeros((4, 4))
-    >>> pool.qkv.kernel[...] = jnp.concatenate([jnp.zeros((4, 8)), jnp.eye(4)], axis=1)
+    >>> pool.q.kernel[...] = pool.k.kernel[...] = jnp.zeros((4, 4))
+    >>> pool.v.kernel[...] = jnp.eye(4)
     >>> pool.proj.kernel[...] = jnp.eye(4)[:, :3]
     >>> pool.proj.bias[...] = jnp.zeros(3)
     >>> pool(jnp.arange(12.0).reshape(1, 1, 3, 4))  # NHWC
@@ -300,8 +284,10 @@ class AttentionPool(nnx.Module):
     head_dim: the width of a head, used when ``num_heads`` is None (default 64).
     num_heads: the number of heads (default None: ``embed_dim // head_dim``).
     qkv_bias: whether the q, k and v projections have biases (default True).
-    qkv_separate: separate ``q``, ``k`` and ``v`` projections instead of one fused
-      ``qkv`` (default False).
+    qkv_separate: the PyTorch layout mirrored: timm's separate ``q``, ``k`` and ``v``
+      instead of one fused ``qkv`` (default False). The head holds ``q``, ``k`` and
+      ``v`` as three Linear layers either way (a fused ``qkv`` is split on loading):
+      a fused kernel would be cut by columns on every call, a copy of it.
     pool_type: ``"token"`` for the first token, ``(N, out)``, or ``""`` for the
       attended map without it, ``(N, H, W, out)`` (default ``"token"``).
     class_token: a learned first token (zeros at init) instead of the mean (default False).
@@ -337,11 +323,8 @@ class AttentionPool(nnx.Module):
     std = self.in_features ** -0.5
     layer = dict(use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype,
                  kernel_init=_normal(std), rngs=rngs)
-    if self.qkv_separate:
-      self.q, self.k, self.v = (nnx.Linear(self.in_features, self.embed_dim, **layer)
-                                for _ in range(3))
-    else:
-      self.qkv = nnx.Linear(self.in_features, 3 * self.embed_dim, **layer)
+    self.q, self.k, self.v = (nnx.Linear(self.in_features, self.embed_dim, **layer)
+                              for _ in range(3))
     self.proj = (nnx.Linear(self.embed_dim, self.out_features, dtype=dtype,
                             param_dtype=param_dtype, rngs=rngs) if out_features != 0 else None)
     tokens = self.feat_size[0] * self.feat_size[1] + 1
@@ -386,14 +369,7 @@ class AttentionPool(nnx.Module):
     # Queries: the first token's alone when only it is returned.
     queries = seq[:, :1] if self.pool_type == "token" else seq
     e = self.embed_dim
-    if self.qkv_separate:
-      q = _dense(queries, self.q, self.dtype)
-      k = _dense(seq, self.k, self.dtype)
-      v = _dense(seq, self.v, self.dtype)
-    else:
-      q = _dense(queries, self.qkv, self.dtype, slice(0, e))
-      kv = _dense(seq, self.qkv, self.dtype, slice(e, 3 * e))
-      k, v = kv[..., :e], kv[..., e:]
+    q, k, v = self.q(queries), self.k(seq), self.v(seq)
     heads = lambda a: a.reshape(*a.shape[:-1], self.num_heads, self.head_dim)  # noqa: E731
     out = attend(heads(q), heads(k), heads(v))
     out = out.reshape(*out.shape[:2], e)
@@ -401,7 +377,7 @@ class AttentionPool(nnx.Module):
       out = out[:, 0]
     else:
       out = out[:, 1:].reshape(n, h, w, e)
-    return out if self.proj is None else _dense(out, self.proj, self.dtype)
+    return out if self.proj is None else self.proj(out)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, *, num_heads: int, **options):
@@ -413,10 +389,11 @@ class AttentionPool(nnx.Module):
     ``cls_token`` when ``class_token=True``; or open_clip's
     ``positional_embedding``, ``q_proj.*``, ``k_proj.*``, ``v_proj.*`` and
     ``c_proj.*`` (loaded as ``qkv_separate=True``; open_clip's forward returns
-    the first token, ``pool_type="token"``). ``in_features``, ``embed_dim``,
-    ``out_features``, ``qkv_bias``, ``qkv_separate`` and ``class_token`` come from
-    the weights; ``feat_size`` from the embedding when its map is square (pass
-    ``feat_size=(h, w)`` otherwise).
+    the first token, ``pool_type="token"``). A fused ``qkv`` is split into ``q``,
+    ``k`` and ``v``. ``in_features``, ``embed_dim``, ``out_features``, ``qkv_bias``
+    and ``class_token`` come from the weights, ``qkv_separate`` from the keys;
+    ``feat_size`` from the embedding when its map is square (pass ``feat_size=(h, w)``
+    otherwise).
 
     Args:
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
@@ -424,6 +401,11 @@ class AttentionPool(nnx.Module):
         default; open_clip: ``num_heads``, e.g. 32 for RN50's 2048 channels).
       **options: other constructor arguments (``pool_type``, ``feat_size``, ``dtype``...).
     """
+    if "qkv_separate" in options:
+      raise TypeError(f"{cls.__name__}.from_torch: do not pass qkv_separate; it comes from the "
+                      "keys (qkv.* fused, or q.*, k.*, v.* separate).")
+    if isinstance(state_dict, Mapping):
+      options = dict(options, qkv_separate="qkv.weight" not in state_dict)
     if "feat_size" not in options:
       feat_size = _square_feat_size(state_dict, cls.__name__)
       if feat_size is not None:
@@ -605,8 +587,8 @@ class AttentionPoolLatent(nnx.Module):
     n, length, _ = x.shape
     e, heads, d = self.embed_dim, self.num_heads, self.head_dim
     # The latent's queries are the same for every input: computed once, shared by the batch.
-    q = _dense(_value(self.latent)[0], self.q, self.dtype).reshape(self.latent_len, heads, d)
-    kv = _dense(x, self.kv, self.dtype).reshape(n, length, 2, heads, d)
+    q = self.q(_value(self.latent)[0]).reshape(self.latent_len, heads, d)
+    kv = self.kv(x).reshape(n, length, 2, heads, d)
     k, v = kv[:, :, 0], kv[:, :, 1]
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)

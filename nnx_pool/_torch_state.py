@@ -40,9 +40,8 @@ open_clip's ``AttentionPool2d`` with one key set, renaming each layer::
   (*linear("q_proj", "q"), *linear("k_proj", "k"), *linear("v_proj", "v"),
    *linear("c_proj", "proj"), Row("positional_embedding", "pos_embed"))
 
-and timm's fused ``qkv`` with another, ``Row("qkv.weight", "qkv.kernel", ...)``.
-A module that keeps q, k and v apart would split the fused weight into three
-with ``Row("qkv.weight", ("q.kernel", "k.kernel", "v.kernel"), linear_weight())``.
+and timm's fused ``qkv`` with another, splitting the weight (and bias) into
+three: ``Row("qkv.weight", ("q.kernel", "k.kernel", "v.kernel"), linear_weight())``.
 ``sizes`` reads the constructor arguments back from the converted weights
 (``in_features=p["pos_embed"].shape[1]``...).
 
@@ -241,19 +240,18 @@ def _attention_pool_rows(separate: bool, bias: bool, proj: bool, cls: bool) -> t
   if separate:
     qkv = tuple(row for name in "qkv" for row in linear(name, name, bias=bias))
   else:
-    qkv = linear("qkv", "qkv", bias=bias,
-                 weight=linear_weight(_stacked(3, "q, k and v (E rows each)")))
+    qkv = (Row("qkv.weight", ("q.kernel", "k.kernel", "v.kernel"),
+               linear_weight(_stacked(3, "q, k and v (E rows each)"))),
+           *((Row("qkv.bias", ("q.bias", "k.bias", "v.bias")),) if bias else ()))
   return (*qkv, *(linear("proj", "proj") if proj else ()), Row("pos_embed", "pos_embed"),
           *((Row("cls_token", "cls_token"),) if cls else ()))
 
 
 def _attention_pool_sizes(p: Mapping[str, np.ndarray]) -> dict:
-  separate = "q.kernel" in p
-  embed_dim = p["q.kernel"].shape[1] if separate else p["qkv.kernel"].shape[1] // 3
-  return dict(in_features=p["pos_embed"].shape[1], embed_dim=embed_dim,
+  # qkv_separate (the layout, not the computation) comes from the keys: AttentionPool.from_torch.
+  return dict(in_features=p["pos_embed"].shape[1], embed_dim=p["q.kernel"].shape[1],
               out_features=p["proj.kernel"].shape[1] if "proj.kernel" in p else 0,
-              qkv_bias="q.bias" in p or "qkv.bias" in p, qkv_separate=separate,
-              class_token="cls_token" in p)
+              qkv_bias="q.bias" in p, class_token="cls_token" in p)
 
 
 def mlp_ratio_for(out_features: int, hidden: int) -> float:
@@ -351,12 +349,13 @@ TORCH_KEYS: dict[str, Loader] = {
         sizes=_context_sizes,
     ),
     # Issue 25, the attention pooling heads (nnx_pool._attention).
-    # timm AttentionPool2d (fused qkv or separate q/k/v, with or without their biases; proj
+    # timm AttentionPool2d (fused qkv, split into q/k/v, or separate q/k/v, with or without
+    # their biases; proj
     # absent for out_features=0; cls_token for class_token=True), and open_clip ModifiedResNet's
     # AttentionPool2d (q_proj/k_proj/v_proj/c_proj, positional_embedding) as separate q/k/v.
     "AttentionPool": Loader(
         inferred=("in_features", "embed_dim", "head_dim", "out_features", "qkv_bias",
-                  "qkv_separate", "class_token"),
+                  "class_token"),
         key_sets=(*(_attention_pool_rows(separate, bias, proj, cls)
                     for separate in (False, True) for bias in (True, False)
                     for proj in (True, False) for cls in (False, True)),

@@ -344,10 +344,16 @@ def check_parity(case, module, sd, x, torch_forward, numpy_forward, *, nchw: boo
   np.testing.assert_allclose(ours, theirs, rtol=_TOL, atol=_TOL, err_msg=f"{case}: value")
   np.testing.assert_allclose(our_x_grad, their_x_grad, rtol=_TOL, atol=_TOL,
                              err_msg=f"{case}: input gradient")
-  assert len(our_grads) == len(their_grads), (sorted(our_grads), sorted(their_grads))
+  fused = sum(key.startswith("qkv.") for key in their_grads)  # each is three of ours
+  assert len(our_grads) == len(their_grads) + 2 * fused, (sorted(our_grads), sorted(their_grads))
   for key, their_grad in their_grads.items():
-    path, transposed = our_path(key, their_grad.ndim)
-    our_grad = our_grads[path].T if transposed else our_grads[path]
+    if key.startswith("qkv."):  # timm's fused projection, held as q, k and v (rows in order)
+      leaf = "kernel" if key.endswith("weight") else "bias"
+      our_grad = np.concatenate([our_grads[f"{name}.{leaf}"] for name in "qkv"], axis=-1)
+      our_grad = our_grad.T if key.endswith("weight") else our_grad
+    else:
+      path, transposed = our_path(key, their_grad.ndim)
+      our_grad = our_grads[path].T if transposed else our_grads[path]
     errors[key] = np.abs(our_grad - their_grad).max()
     np.testing.assert_allclose(our_grad, their_grad, rtol=_TOL, atol=_TOL,
                                err_msg=f"{case}: gradient of {key}")
@@ -701,6 +707,10 @@ def test_from_torch_refuses():
       "AttentionPool.from_torch: do not pass embed_dim, head_dim; sizes come from the weights "
       "and no initialiser runs.")):
     AttentionPool.from_torch(sd, num_heads=2, embed_dim=8, head_dim=4)
+  with pytest.raises(TypeError, match=re.escape(
+      "AttentionPool.from_torch: do not pass qkv_separate; it comes from the keys (qkv.* fused, "
+      "or q.*, k.*, v.* separate).")):
+    AttentionPool.from_torch(sd, num_heads=2, qkv_separate=True)
   with pytest.raises(ValueError, match=re.escape(
       "AttentionPool.from_torch: unexpected state-dict keys. Expected one of: pos_embed, "
       "proj.bias, proj.weight, qkv.bias, qkv.weight; ")):
@@ -725,8 +735,16 @@ def test_from_torch_reads_the_sizes():
   assert (pool.in_features, pool.embed_dim, pool.out_features, pool.num_heads, pool.head_dim,
           pool.qkv_separate, pool.feat_size, pool.q.bias) == (8, 8, 5, 4, 2, True, (3, 3), None)
   assert pool.cls_token.shape == (1, 8)
-  pool = AttentionPool.from_torch(_pool_state(3, embed=12, out=0), num_heads=3)
-  assert (pool.embed_dim, pool.out_features, pool.head_dim, pool.proj) == (12, 12, 4, None)
+  sd = _pool_state(3, embed=12, out=0)
+  pool = AttentionPool.from_torch(sd, num_heads=3)
+  assert (pool.embed_dim, pool.out_features, pool.head_dim, pool.proj,
+          pool.qkv_separate) == (12, 12, 4, None, False)
+  # The fused qkv (rows q, then k, then v) split into the three (in, out) kernels.
+  for i, name in enumerate("qkv"):
+    np.testing.assert_array_equal(getattr(pool, name).kernel[...],
+                                  sd["qkv.weight"][12 * i:12 * (i + 1)].T)
+    np.testing.assert_array_equal(getattr(pool, name).bias[...],
+                                  sd["qkv.bias"][12 * i:12 * (i + 1)])
   head = AttentionPoolLatent.from_torch(
       _latent_state(6, bias=False, qk_norm=True, latent_len=3, out=6, hidden=15), num_heads=2)
   assert (head.in_features, head.embed_dim, head.out_features, head.latent_len,
