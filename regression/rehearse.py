@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -141,7 +142,7 @@ def _run_there(env: Path, job: Job, run: _Run) -> _Outcome:
     code = rehearse_env.run_info(env, json_path, scratch=job.scratch)
   outcome = _Outcome(code, json_path, rehearse_env.environment_versions(env))
   if run.pytest_paths is not None:
-    job.steps.next(f"running {' '.join(['pytest', *run.pytest_paths])}")
+    job.steps.next(f"running {shlex.join(['pytest', *run.pytest_paths])}")
     job.steps.clear()
     rehearsed = rehearse_env.rehearsed_package(env)
     foreign = job.scratch / "foreign-nnx-pool.txt"
@@ -281,7 +282,7 @@ def _fold_pytest(report: Report, outcome: _Outcome, pytest_paths: Sequence[str] 
   tested = outcome.tested
   if tested is not None:
     meaning = PYTEST_EXITS.get(tested, (2, "an unknown status"))[1]
-    text = f"{' '.join(['pytest', *pytest_paths])} exited {tested} ({meaning}), comparing only"
+    text = f"{shlex.join(['pytest', *pytest_paths])} exited {tested} ({meaning}), comparing only"
     report.notes.append(f"rehearsal: {text}")
     if outcome.error:
       report.error = outcome.error + (f"; {report.error}" if report.error else "")

@@ -8,8 +8,8 @@ pooled shapes).
 """
 
 import json
+import runpy
 import shutil
-import sys
 from pathlib import Path
 
 import jax
@@ -23,8 +23,11 @@ from nnx_pool.regression import _fixture_core as core
 from nnx_pool.regression import cli, store
 from nnx_pool.regression.guard import Guard, RegressionFailure
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _resnet import ResNet, cross_entropy, images, parameter_count, resnet_cheaply  # noqa: E402
+# The model, by path: tests/ is not a package, and a plain `import _resnet` would read as a
+# third-party distribution to tests/test_dependencies.py.
+_RESNET = runpy.run_path(str(Path(__file__).parent / "_resnet.py"))
+ResNet, cross_entropy, images = _RESNET["ResNet"], _RESNET["cross_entropy"], _RESNET["images"]
+parameter_count, resnet_cheaply = _RESNET["parameter_count"], _RESNET["resnet_cheaply"]
 
 WIDTH = 4
 X = images(2, 32)  # stem: 32 -> conv stride 2 -> 16 -> MaxPool(3, 2, 1) -> 8
