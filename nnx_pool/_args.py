@@ -91,6 +91,9 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
     "gate_layer": ("gate", "nnx-pool's", "timm's"),
     "bias": ("use_bias", "Flax's", "timm's"),
     "mlp_bias": ("use_bias", "Flax's", "timm's"),
+    "r_learnable": ("learnable", "nnx-pool's", "timm's"),
+    "output_dim": ("out_features", "Flax's", "open_clip's"),
+    "spacial_dim": ("feat_size", "nnx-pool's", "open_clip's"),
 }
 
 

@@ -50,9 +50,11 @@ from nnx_pool._adaptive import (
   global_avg_pool,
   global_max_pool,
 )
+from nnx_pool._generalized import gem_pool, lse_plus_pool
 from nnx_pool._pool import avg_pool, lp_pool, max_pool, min_pool
 from nnx_pool._unpool import max_unpool
 
 # Grouped by family: window pools, unpooling, adaptive and global pools.
 __all__ = ["avg_pool", "max_pool", "min_pool", "lp_pool", "max_unpool",
-           "adaptive_avg_pool", "adaptive_max_pool", "global_avg_pool", "global_max_pool"]
+           "adaptive_avg_pool", "adaptive_max_pool", "global_avg_pool", "global_max_pool",
+           "gem_pool", "lse_plus_pool"]

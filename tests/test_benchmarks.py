@@ -53,14 +53,15 @@ def test_backward_formulations_equal_the_numpy_mirror():
   import numpy as np
 
   from benchmarks import formulations
-  from nnx_pool import _kernels, reference
+  from nnx_pool import reference
+  from nnx_pool._select import arg_select
   from nnx_pool._geometry import Window
 
   shape = (2, 9, 10, 3)  # an odd and an even length
   rng = np.random.default_rng(3)
   x = rng.integers(-3, 4, shape).astype(np.float32)  # small integers: many ties
   geom = Window.create(3, 2, 1, num_spatial_dims=2).resolve(shape[1:-1])
-  values, arg = _kernels._arg_select(x, geom, "max", shared_pad=True)
+  values, arg = arg_select(x, geom, "max", shared_pad=True)
   ct = rng.standard_normal(values.shape).astype(np.float32)
   want = reference.max_pool_grad(x, ct, (3, 3), (2, 2), ((1, 1), (1, 1)))
   for name, got in [

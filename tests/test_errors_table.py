@@ -77,6 +77,13 @@ _RANK_HINT = (" If it has no channel axis, add one: x[..., None]. For this shape
               "num_spatial_dims=1 (the default is 2; a tuple argument sets it by its length).")
 _GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
           "CBAM")
+_ALL_GATES = (*_GATES, "LightCBAM", "GlobalContext")
+_BIAS_GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "CBAM", "LightCBAM",
+               "GlobalContext")
+_RD_GATES = ("SqueezeExcitation", "CBAM", "LightCBAM", "GlobalContext")  # a reduced width
+_MLP_GATES = ("SqueezeExcitation", "CBAM", "LightCBAM")
+_LOADERS = (*_ALL_GATES, "GeMPool", "LsePlusPool")  # every module with from_torch but heads
+GLOBAL_ALL = (*GLOBAL, "GeMPool", "LsePlusPool")  # everything that pools the whole map
 _AGREE = "give every tuple one entry per spatial dim, or an int for all of them."
 _TOO_SMALL = ("Output size is too small: spatial dim 0 of length 2 with window 3, dilation 1 "
               "(effective 3), stride 3 and padding (0, 0) gives 0 outputs. The window must fit "
@@ -91,6 +98,26 @@ def _empty(c: int) -> str:
 
 _BIG = ("a plane of spatial shape (65536, 65536) has 4294967296 cells, but flat indices are "
         "int32 and address at most 2**31 - 1 = 2147483647 cells.")
+_WRAP = ("EfficientChannelAttention: circular padding of (kernel_size - 1) // 2 = 3 channels a "
+         "side wraps more than once around 2 channels, which PyTorch's circular padding "
+         "refuses; use a kernel_size of at most 5.")
+_GC_MLP = ("{b}.fc1.bias, {b}.fc1.weight, {b}.fc2.bias, {b}.fc2.weight, {b}.norm.bias, "
+           "{b}.norm.weight")
+_GC_SCALE, _GC_ADD = _GC_MLP.format(b="mlp_scale"), _GC_MLP.format(b="mlp_add")
+_GC_ATTN = "conv_attn.bias, conv_attn.weight, "
+_GC_KEYS = "; ".join([_GC_ATTN + _GC_SCALE, _GC_ATTN + _GC_ADD,
+                      _GC_ATTN + _GC_ADD + ", " + _GC_SCALE, _GC_SCALE, _GC_ADD,
+                      _GC_ADD + ", " + _GC_SCALE])
+_PREFIX = ("Strip any parent prefix first, e.g. {k.removeprefix('se.'): v for k, v in "
+           "sd.items() if k.startswith('se.')}.")
+_GENERALIZED = ("GeMPool", "LsePlusPool")
+_AH, _AF = "Attention heads", "Attention heads: from_torch"
+_HEADS = ("AttentionPool", "AttentionPoolLatent")
+_POOL_TYPES = ("'token' (the first token, (N, out)), '' (the attended map without the token, "
+               "(N, H, W, out))")
+_APSD = ("{'qkv.weight': np.zeros((24, 8)), 'qkv.bias': np.zeros(24), 'proj.weight': "
+         "np.zeros((8, 8)), 'proj.bias': np.zeros(8), 'pos_embed': np.zeros((%d, 8))}")
+
 _W, _G, _A, _U, _T, _F, _P = (
     "Window pools", "Global pools", "Adaptive pools", "Max unpooling", "Gates", "Gates: from_torch",
     "Functional twins (nnx_pool.functional)")
@@ -320,34 +347,58 @@ ROWS = (
        "MaxUnpool((2,))(x(1, 2, 1, dtype=bool), idx(1, 2, 1))", "TypeError",
        "MaxUnpool: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
     # ------------------------------------------------------------ global pools
-    _r(_G, GLOBAL, "`num_spatial_dims` not 1, 2 or 3", "{M}(num_spatial_dims=4)", "ValueError",
+    _r(_G, GLOBAL_ALL, "`num_spatial_dims` not 1, 2 or 3", "{M}(num_spatial_dims=4)", "ValueError",
        "`num_spatial_dims` must be 1, 2 or 3; got 4."),
-    _r(_G, GLOBAL, "`num_spatial_dims` a float", "{M}(num_spatial_dims=2.0)", "TypeError",
+    _r(_G, GLOBAL_ALL, "`num_spatial_dims` a float", "{M}(num_spatial_dims=2.0)", "TypeError",
        "`num_spatial_dims` must be 1, 2 or 3; got 2.0."),
     _r(_G, GLOBAL, "`keepdims` not a bool", "{M}(keepdims=1)", "TypeError",
        "`keepdims` must be a bool; got 1."),
-    _r(_G, GLOBAL, "`in_features` below 1", "{M}(in_features=0)", "ValueError",
+    _r(_G, GLOBAL_ALL, "`in_features` below 1", "{M}(in_features=0)", "ValueError",
        "`in_features` must be a positive int or None; got 0."),
     _r(_G, GLOBAL, "PyTorch's `keepdim`", "{M}(keepdim=True)", "TypeError",
        "{M} takes `keepdims` (NumPy's name), not `keepdim` (PyTorch's): write keepdims=... "
        "instead."),
-    _r(_G, GLOBAL, "`inputs` of the wrong rank", "{M}()(x(6, 6))", "ValueError",
+    _r(_G, GLOBAL_ALL, "`inputs` of the wrong rank", "{M}()(x(6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
        "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
-    _r(_G, GLOBAL, "`inputs` channels-first", "{M}(in_features=2)(x(1, 2, 6, 6))", "ValueError",
+    _r(_G, GLOBAL_ALL, "`inputs` channels-first", "{M}(in_features=2)(x(1, 2, 6, 6))", "ValueError",
        "{M}: `inputs` must be channels-last with in_features=2 on the last axis; got shape "
        "(1, 2, 6, 6). It looks channels-first (NCHW: 2 on axis 1); use jnp.moveaxis(x, 1, -1)."),
-    _r(_G, GLOBAL, "a spatial dim of size 0", "{M}()(x(1, 0, 4, 1))", "ValueError",
+    _r(_G, GLOBAL_ALL, "a spatial dim of size 0", "{M}()(x(1, 0, 4, 1))", "ValueError",
        "{M}: `inputs` " + _empty(1)),
     _r(_G, "GlobalMaxPool", "a plane past int32 indices",
        "jax.eval_shape(GlobalMaxPool(), spec(1, 65536, 65536, 1))", "ValueError",
        f"GlobalMaxPool: {_BIG} The max keeps one (for its gradient too)."),
-    _r(_G, GLOBAL, "`inputs` bool", "{M}()(x(1, 4, 4, 1, dtype=bool))", "TypeError",
+    _r(_G, GLOBAL_ALL, "`inputs` bool", "{M}()(x(1, 4, 4, 1, dtype=bool))", "TypeError",
        "{M}: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
     _r(_G, "GlobalAvgPool", "`inputs` integer (average)",
        "GlobalAvgPool()(x(1, 4, 4, 1, dtype=jnp.int8))", "TypeError",
        "GlobalAvgPool: `inputs` has dtype int8, but this pooling needs a floating dtype; cast it "
        "first, e.g. x.astype(jnp.float32)."),
+    _r(_G, "GeMPool", "`p` not positive", "GeMPool(0.0)", "ValueError",
+       "`p` must be a positive finite number; got 0.0."),
+    _r(_G, "GeMPool", "`p` a string", "GeMPool('3')", "TypeError",
+       "`p` must be a positive finite number; got '3'."),
+    _r(_G, "GeMPool", "`eps` not positive", "GeMPool(eps=-1e-6)", "ValueError",
+       "`eps` must be a positive finite number; got -1e-06."),
+    _r(_G, "LsePlusPool", "`r` not positive", "LsePlusPool(-1.0)", "ValueError",
+       "`r` must be a positive finite number; got -1.0."),
+    _r(_G, "LsePlusPool", "`r` infinite", "LsePlusPool(float('inf'))", "ValueError",
+       "`r` must be a positive finite number; got inf."),
+    _r(_G, _GENERALIZED, "`learnable` not a bool", "{M}(learnable=1)", "TypeError",
+       "`learnable` must be a bool; got 1."),
+    _r(_G, _GENERALIZED, "`flatten` not a bool", "{M}(flatten=None)", "TypeError",
+       "`flatten` must be a bool; got None."),
+    _r(_G, _GENERALIZED, "`param_dtype` not a floating dtype", "{M}(param_dtype=jnp.int32)",
+       "TypeError", "`param_dtype` must be a floating dtype such as jnp.float32; got <class "
+       "'jax.numpy.int32'>."),
+    _r(_G, "LsePlusPool", "timm's `r_learnable`", "LsePlusPool(r_learnable=False)", "TypeError",
+       "LsePlusPool takes `learnable` (nnx-pool's name), not `r_learnable` (timm's): write "
+       "learnable=... instead."),
+    _r(_G, _GENERALIZED, "`inputs` integer", "{M}()(x(1, 4, 4, 1, dtype=jnp.int32))",
+       "TypeError",
+       "{M}: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it first, "
+       "e.g. x.astype(jnp.float32)."),
     # ---------------------------------------------------------- adaptive pools
     _r(_A, ADAPTIVE, "`output_size` below 1", "{M}(0)", "ValueError",
        f"`output_size` must be {_OUTPUT_FORMS}; got 0."),
@@ -393,22 +444,22 @@ ROWS = (
        "{M}: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it first, "
        "e.g. x.astype(jnp.float32)."),
     # -------------------------------------------------------------------- gates
-    _r(_T, _GATES, "timm's `channels`", "{M}(channels=8, rngs=rngs)", "TypeError",
+    _r(_T, _ALL_GATES, "timm's `channels`", "{M}(channels=8, rngs=rngs)", "TypeError",
        "{M} takes `in_features` (Flax's name), not `channels` (timm's): write in_features=... "
        "instead."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "timm's `act_layer`",
+    _r(_T, _RD_GATES, "timm's `act_layer`",
        "{M}(8, act_layer=nnx.relu, rngs=rngs)", "TypeError",
        "{M} takes `activation` (nnx-pool's name), not `act_layer` (timm's): write "
        "activation=... instead."),
-    _r(_T, _GATES, "`kernel_init` not an initializer",
+    _r(_T, _ALL_GATES, "`kernel_init` not an initializer",
        "{M}(8, kernel_init='lecun_normal', rngs=rngs)", "TypeError",
        "`kernel_init` must be an initializer, a callable (key, shape, dtype) -> array such as "
        "nnx.initializers.lecun_normal(); got 'lecun_normal'."),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "CBAM"),
-       "`bias_init` not an initializer", "{M}(8, bias_init=None, rngs=rngs)", "TypeError",
+    _r(_T, _BIAS_GATES, "`bias_init` not an initializer", "{M}(8, bias_init=None, rngs=rngs)",
+       "TypeError",
        "`bias_init` must be an initializer, a callable (key, shape, dtype) -> array such as "
        "nnx.initializers.zeros_init(); got None."),
-    _r(_T, _GATES, "`precision` an unknown name", "{M}(8, precision='hihgest', rngs=rngs)",
+    _r(_T, _ALL_GATES, "`precision` an unknown name", "{M}(8, precision='hihgest', rngs=rngs)",
        "ValueError",
        "`precision` must be None, a jax.lax.Precision, a name such as 'highest' or 'default', a "
        "pair of those (both Precision or both names), a jax.lax.DotAlgorithmPreset or its name, "
@@ -417,40 +468,38 @@ ROWS = (
        "{M}(8, rngs=rngs)(x(1, 5, 5, 8), use_running_average='yes')", "TypeError",
        "CBAM: `use_running_average` must be True, False or None (None: the module's mode, set "
        "by .eval() and .train()); got 'yes'."),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "CBAM"), "`in_features` below 1",
+    _r(_T, _BIAS_GATES, "`in_features` below 1",
        "{M}(0, rngs=rngs)", "ValueError", "`in_features` must be a positive int; got 0."),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "CBAM"), "`in_features` a float",
+    _r(_T, _BIAS_GATES, "`in_features` a float",
        "{M}(8.0, rngs=rngs)", "TypeError", "`in_features` must be a positive int; got 8.0."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`squeeze_features` below 1", "{M}(8, 0, rngs=rngs)",
+    _r(_T, _MLP_GATES, "`squeeze_features` below 1", "{M}(8, 0, rngs=rngs)",
        "ValueError", "`squeeze_features` must be a positive int; got 0."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`rd_ratio` not positive",
+    _r(_T, _RD_GATES, "`rd_ratio` not positive",
        "{M}(8, rd_ratio=0, rngs=rngs)", "ValueError",
        "`rd_ratio` must be a positive finite number; got 0."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`rd_ratio` infinite",
+    _r(_T, _RD_GATES, "`rd_ratio` infinite",
        "{M}(8, rd_ratio=float('inf'), rngs=rngs)", "ValueError",
        "`rd_ratio` must be a positive finite number; got inf."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`rd_ratio` a string",
+    _r(_T, _RD_GATES, "`rd_ratio` a string",
        "{M}(8, rd_ratio='1/16', rngs=rngs)", "TypeError",
        "`rd_ratio` must be a positive finite number; got '1/16'."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`rd_ratio` a bool",
+    _r(_T, _RD_GATES, "`rd_ratio` a bool",
        "{M}(8, rd_ratio=True, rngs=rngs)", "TypeError",
        "`rd_ratio` must be a positive finite number; got True."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`use_bias` not a bool",
+    _r(_T, _MLP_GATES, "`use_bias` not a bool",
        "{M}(8, use_bias=1, rngs=rngs)", "TypeError", "`use_bias` must be a bool; got 1."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`rd_divisor` below 1",
+    _r(_T, _RD_GATES, "`rd_divisor` below 1",
        "{M}(8, rd_divisor=0, rngs=rngs)", "ValueError",
        "`rd_divisor` must be a positive int; got 0."),
-    _r(_T, ("SqueezeExcitation", "CBAM"), "`activation` not callable",
+    _r(_T, _RD_GATES, "`activation` not callable",
        "{M}(8, activation=None, rngs=rngs)", "TypeError",
        "`activation` must be a callable such as nnx.relu; got None."),
     _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
             "CBAM"), "`gate` not callable", "{M}(8, gate='sigmoid', rngs=rngs)", "TypeError",
        "`gate` must be a callable such as nnx.relu; got 'sigmoid'."),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
-            "CBAM"), "`num_spatial_dims` not 1, 2 or 3", "{M}(8, num_spatial_dims=4, rngs=rngs)",
+    _r(_T, _ALL_GATES, "`num_spatial_dims` not 1, 2 or 3", "{M}(8, num_spatial_dims=4, rngs=rngs)",
        "ValueError", "`num_spatial_dims` must be 1, 2 or 3; got 4."),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
-            "CBAM"), "a spatial dim of size 0", "{M}(8, rngs=rngs)(x(1, 0, 4, 8))", "ValueError",
+    _r(_T, _ALL_GATES, "a spatial dim of size 0", "{M}(8, rngs=rngs)(x(1, 0, 4, 8))", "ValueError",
        "{M}: `inputs` " + _empty(8)),
     _r(_T, "EfficientChannelAttention", "neither `in_features` nor `kernel_size`",
        "EfficientChannelAttention(rngs=rngs)", "ValueError",
@@ -477,30 +526,69 @@ ROWS = (
        "ValueError", "`spatial_kernel_size` must be odd (to keep the size); got 4."),
     _r(_T, "CBAM", "`spatial_kernel_size` below 1", "CBAM(8, spatial_kernel_size=0, rngs=rngs)",
        "ValueError", "`spatial_kernel_size` must be a positive int; got 0."),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
-            "CBAM"), "`inputs` with other channels", "{M}(8, rngs=rngs)(x(1, 5, 5, 4))",
+    _r(_T, _ALL_GATES, "`inputs` with other channels", "{M}(8, rngs=rngs)(x(1, 5, 5, 4))",
        "ValueError",
        "{M}: `inputs` must be channels-last with in_features=8 on the last axis; got shape "
        "(1, 5, 5, 4)."),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
-            "CBAM"), "`inputs` of the wrong rank", "{M}(8, rngs=rngs)(x(5, 8))", "ValueError",
+    _r(_T, _ALL_GATES, "`inputs` of the wrong rank", "{M}(8, rngs=rngs)(x(5, 8))", "ValueError",
        "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
        "dim(s), so rank 3 or more; got shape (5, 8) (rank 2)." + _RANK_HINT),
-    _r(_T, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
-            "CBAM"), "`inputs` integer", "{M}(8, rngs=rngs)(x(1, 5, 5, 8, dtype=jnp.int32))",
+    _r(_T, _ALL_GATES, "`inputs` integer", "{M}(8, rngs=rngs)(x(1, 5, 5, 8, dtype=jnp.int32))",
        "TypeError",
        "{M}: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it first, "
        "e.g. x.astype(jnp.float32)."),
+    _r(_T, "EfficientChannelAttention", "`circular` padding that wraps twice",
+       "EfficientChannelAttention(2, 7, circular=True, rngs=rngs)", "ValueError", _WRAP),
+    _r(_T, "EfficientChannelAttention", "`circular` padding wider than the input's channels",
+       "EfficientChannelAttention(kernel_size=7, circular=True, rngs=rngs)(x(1, 3, 3, 2))",
+       "ValueError", _WRAP),
+    _r(_T, "EfficientChannelAttention", "`circular` not a bool",
+       "EfficientChannelAttention(8, circular=1, rngs=rngs)", "TypeError",
+       "`circular` must be a bool; got 1."),
+    _r(_T, "SqueezeExcitation", "`add_maxpool` not a bool",
+       "SqueezeExcitation(8, add_maxpool='yes', rngs=rngs)", "TypeError",
+       "`add_maxpool` must be a bool; got 'yes'."),
+    _r(_T, "SqueezeExcitation", "`norm` not a bool", "SqueezeExcitation(8, norm=None, rngs=rngs)",
+       "TypeError", "`norm` must be a bool; got None."),
+    _r(_T, ("SqueezeExcitation", "LightCBAM"), "`use_running_average` not a bool (SE, light)",
+       "{M}(8, rngs=rngs)(x(1, 5, 5, 8), use_running_average='yes')", "TypeError",
+       "{M}: `use_running_average` must be True, False or None (None: the module's mode, set "
+       "by .eval() and .train()); got 'yes'."),
+    _r(_T, "LightCBAM", "`spatial_kernel_size` even",
+       "LightCBAM(8, spatial_kernel_size=4, rngs=rngs)", "ValueError",
+       "`spatial_kernel_size` must be odd (to keep the size); got 4."),
+    _r(_T, "LightCBAM", "`spatial_kernel_size` below 1",
+       "LightCBAM(8, spatial_kernel_size=0, rngs=rngs)", "ValueError",
+       "`spatial_kernel_size` must be a positive int; got 0."),
+    _r(_T, "LightCBAM", "timm's `gate_layer` (timm's LightCbamModule ignores it)",
+       "LightCBAM(8, gate_layer=jax.nn.hard_sigmoid, rngs=rngs)", "TypeError",
+       "LightCBAM got an unexpected keyword argument `gate_layer`; LightCBAM takes (in_features, "
+       "squeeze_features, *, rd_ratio, rd_divisor, spatial_kernel_size, activation, use_bias, "
+       "num_spatial_dims, dtype, param_dtype, precision, kernel_init, bias_init, rngs)."),
+    _r(_T, "GlobalContext", "neither `fuse_scale` nor `fuse_add`",
+       "GlobalContext(8, fuse_scale=False, rngs=rngs)", "ValueError",
+       "GlobalContext needs fuse_scale=True or fuse_add=True (or both); with neither it would "
+       "return its input unchanged. Got fuse_scale=False, fuse_add=False."),
+    _r(_T, "GlobalContext", "`use_attn` not a bool", "GlobalContext(8, use_attn='no', rngs=rngs)",
+       "TypeError", "`use_attn` must be a bool; got 'no'."),
+    _r(_T, "GlobalContext", "`init_last_zero` not a bool",
+       "GlobalContext(8, init_last_zero=0, rngs=rngs)", "TypeError",
+       "`init_last_zero` must be a bool; got 0."),
+    _r(_T, "GlobalContext", "`squeeze_features` below 1",
+       "GlobalContext(8, squeeze_features=0, rngs=rngs)", "ValueError",
+       "`squeeze_features` must be a positive int; got 0."),
     # --------------------------------------------------------- from_torch
-    _r(_F, ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
-            "CBAM"), "`state_dict` not a mapping", "{M}.from_torch([])", "TypeError",
+    _r(_F, _LOADERS, "`state_dict` not a mapping", "{M}.from_torch([])", "TypeError",
        "{M}.from_torch: `state_dict` must be a mapping; got <class 'list'>."),
     _r(_F, "SqueezeExcitation", "unexpected keys",
        "SqueezeExcitation.from_torch({'se.fc1.weight': np.zeros((2, 8))})", "ValueError",
        "SqueezeExcitation.from_torch: unexpected state-dict keys. Expected one of: fc1.weight, "
        "fc2.weight; fc1.bias, fc1.weight, fc2.bias, fc2.weight; conv_expand.weight, "
        "conv_reduce.weight; conv_expand.bias, conv_expand.weight, conv_reduce.bias, "
-       "conv_reduce.weight. Received: se.fc1.weight. Strip any parent prefix first, e.g. "
+       "conv_reduce.weight; bn.bias, bn.running_mean, bn.running_var, bn.weight, fc1.weight, "
+       "fc2.weight (optional: bn.num_batches_tracked); bn.bias, bn.running_mean, "
+       "bn.running_var, bn.weight, fc1.bias, fc1.weight, fc2.bias, fc2.weight (optional: "
+       "bn.num_batches_tracked). Received: se.fc1.weight. Strip any parent prefix first, e.g. "
        "{k.removeprefix('se.'): v for k, v in sd.items() if k.startswith('se.')}."),
     _r(_F, "SqueezeExcitation", "a weight that is not 1x1",
        "SqueezeExcitation.from_torch({'fc1.weight': np.zeros((2, 8, 3, 3)), "
@@ -526,6 +614,185 @@ ROWS = (
        "ValueError",
        "EfficientChannelAttention.from_torch: `conv.weight` must be a Conv1d(1, 1, k) weight of "
        "shape (1, 1, k); got (2, 1, 3). (timm's use_mlp=True variant is not supported.)"),
+    _r(_F, "SqueezeExcitation", "a BatchNorm passed as `norm`",
+       "SqueezeExcitation.from_torch({'fc1.weight': np.zeros((2, 8)), 'fc2.weight': "
+       "np.zeros((8, 2)), 'bn.weight': np.zeros(2), 'bn.bias': np.zeros(2), 'bn.running_mean': "
+       "np.zeros(2), 'bn.running_var': np.ones(2)}, norm=True)", "TypeError",
+       "SqueezeExcitation.from_torch: do not pass norm; sizes come from the weights and no "
+       "initialiser runs."),
+    _r(_F, "LightCBAM", "CBAM's two-map spatial weight",
+       "LightCBAM.from_torch({'channel.fc1.weight': np.zeros((2, 8, 1, 1)), "
+       "'channel.fc2.weight': np.zeros((8, 2, 1, 1)), 'spatial.conv.conv.weight': "
+       "np.zeros((1, 2, 3, 3)), 'spatial.conv.bn.weight': np.zeros(1), 'spatial.conv.bn.bias': "
+       "np.zeros(1), 'spatial.conv.bn.running_mean': np.zeros(1), "
+       "'spatial.conv.bn.running_var': np.ones(1)})",
+       "ValueError", "LightCBAM.from_torch: `spatial.conv.conv.weight` must have shape (1, 1, k, "
+       "...) with 1 to 3 spatial dims; got (1, 2, 3, 3)."),
+    _r(_F, "GlobalContext", "unexpected keys",
+       "GlobalContext.from_torch({'conv_attn.weight': np.zeros((1, 8, 1, 1)), "
+       "'conv_attn.bias': np.zeros(1)})", "ValueError",
+       f"GlobalContext.from_torch: unexpected state-dict keys. Expected one of: {_GC_KEYS}. "
+       f"Received: conv_attn.bias, conv_attn.weight. {_PREFIX}"),
+    _r(_F, "GlobalContext", "a key-decided option passed",
+       "GlobalContext.from_torch({'mlp_add.fc1.weight': np.zeros((2, 8, 1, 1)), "
+       "'mlp_add.fc1.bias': np.zeros(2), 'mlp_add.norm.weight': np.ones(2), "
+       "'mlp_add.norm.bias': np.zeros(2), 'mlp_add.fc2.weight': np.zeros((8, 2, 1, 1)), "
+       "'mlp_add.fc2.bias': np.zeros(8)}, fuse_add=True)", "TypeError",
+       "GlobalContext.from_torch: do not pass fuse_add; sizes come from the weights and no "
+       "initialiser runs."),
+    _r(_F, "GeMPool", "`p` a scalar, not (1,)", "GeMPool.from_torch({'p': np.float32(3.0)})",
+       "ValueError", "GeMPool.from_torch: `p` has shape (); expected (1,)."),
+    _r(_F, "LsePlusPool", "unexpected keys", "LsePlusPool.from_torch({'p': np.ones(1)})",
+       "ValueError", f"LsePlusPool.from_torch: unexpected state-dict keys. Expected one of: r. "
+       f"Received: p. {_PREFIX}"),
+    _r(_F, _GENERALIZED, "`rngs` passed", "{M}.from_torch({}, rngs=rngs)", "TypeError",
+       "{M}.from_torch: do not pass rngs; sizes come from the weights and no initialiser runs."),
+    # ------------------------------------------------------------ attention heads
+    _r(_AH, _HEADS, "timm's `channels`", "{M}(channels=8, num_heads=2, rngs=rngs)", "TypeError",
+       "{M} takes `in_features` (Flax's name), not `channels` (timm's): write in_features=... "
+       "instead."),
+    _r(_AH, _HEADS, "`num_heads` not dividing `embed_dim`", "{M}(8, num_heads=3, rngs=rngs)",
+       "ValueError",
+       "{M}: `num_heads` must divide embed_dim=8 (each head takes embed_dim // num_heads "
+       "channels); got num_heads=3. Pick a divisor of 8."),
+    _r(_AH, _HEADS, "`num_heads` below 1", "{M}(8, num_heads=0, rngs=rngs)", "ValueError",
+       "`num_heads` must be a positive int; got 0."),
+    _r(_AH, _HEADS, "`embed_dim` below 1", "{M}(8, embed_dim=0, num_heads=2, rngs=rngs)",
+       "ValueError", "`embed_dim` must be a positive int or None; got 0."),
+    _r(_AH, _HEADS, "`in_features` a float", "{M}(8.0, num_heads=2, rngs=rngs)", "TypeError",
+       "`in_features` must be a positive int; got 8.0."),
+    _r(_AH, _HEADS, "`qkv_bias` not a bool", "{M}(8, num_heads=2, qkv_bias=1, rngs=rngs)",
+       "TypeError", "`qkv_bias` must be a bool; got 1."),
+    _r(_AH, "AttentionPool", "the default `head_dim` 64 not dividing `embed_dim`",
+       "AttentionPool(8, rngs=rngs)", "ValueError",
+       "AttentionPool: `head_dim` must divide embed_dim=8 (num_heads is embed_dim // head_dim); "
+       "got head_dim=64. Pass num_heads=... or a head_dim that divides 8."),
+    _r(_AH, "AttentionPool", "neither `num_heads` nor `head_dim`",
+       "AttentionPool(8, head_dim=None, rngs=rngs)", "ValueError",
+       "AttentionPool needs `num_heads` or `head_dim`; got neither."),
+    _r(_AH, "AttentionPool", "`pool_type` not 'token' or ''",
+       "AttentionPool(8, num_heads=2, pool_type='avg', rngs=rngs)", "ValueError",
+       f"`pool_type` must be one of {_POOL_TYPES}; got 'avg'."),
+    _r(_AH, "AttentionPool", "`pool_type` not a string",
+       "AttentionPool(8, num_heads=2, pool_type=None, rngs=rngs)", "TypeError",
+       f"`pool_type` must be one of {_POOL_TYPES}; got None."),
+    _r(_AH, "AttentionPool", "`feat_size` with 3 entries",
+       "AttentionPool(8, num_heads=2, feat_size=(7, 7, 7), rngs=rngs)", "TypeError",
+       "`feat_size` must be a positive int or a pair (h, w) of them; got (7, 7, 7)."),
+    _r(_AH, "AttentionPool", "`feat_size` below 1",
+       "AttentionPool(8, num_heads=2, feat_size=0, rngs=rngs)", "ValueError",
+       "`feat_size` must be a positive int or a pair (h, w) of them; got 0."),
+    _r(_AH, "AttentionPool", "`out_features` negative",
+       "AttentionPool(8, num_heads=2, out_features=-1, rngs=rngs)", "ValueError",
+       "`out_features` must be None, 0 (no output projection) or a positive int; got -1."),
+    _r(_AH, "AttentionPool", "`class_token` not a bool",
+       "AttentionPool(8, num_heads=2, class_token='yes', rngs=rngs)", "TypeError",
+       "`class_token` must be a bool; got 'yes'."),
+    _r(_AH, "AttentionPool", "timm's `drop_rate`",
+       "AttentionPool(8, num_heads=2, drop_rate=0.0, rngs=rngs)", "TypeError",
+       "AttentionPool got an unexpected keyword argument `drop_rate`; AttentionPool takes "
+       "(in_features, *, feat_size, out_features, embed_dim, head_dim, num_heads, qkv_bias, "
+       "qkv_separate, pool_type, class_token, dtype, param_dtype, rngs)."),
+    _r(_AH, "AttentionPoolLatent", "`num_heads` None",
+       "AttentionPoolLatent(8, num_heads=None, rngs=rngs)", "TypeError",
+       "`num_heads` must be a positive int dividing embed_dim=8; got None."),
+    _r(_AH, "AttentionPoolLatent", "`mlp_ratio` too small for one hidden unit",
+       "AttentionPoolLatent(8, num_heads=2, mlp_ratio=0.1, rngs=rngs)", "ValueError",
+       "`mlp_ratio` must make the MLP at least 1 wide (int(out_features * mlp_ratio) with "
+       "out_features=8); got 0.1."),
+    _r(_AH, "AttentionPoolLatent", "`mlp_ratio` negative",
+       "AttentionPoolLatent(8, num_heads=2, mlp_ratio=-1.0, rngs=rngs)", "ValueError",
+       "`mlp_ratio` must be a positive finite number; got -1.0."),
+    _r(_AH, "AttentionPoolLatent", "`latent_len` below 1",
+       "AttentionPoolLatent(8, num_heads=2, latent_len=0, rngs=rngs)", "ValueError",
+       "`latent_len` must be a positive int; got 0."),
+    _r(_AH, "AttentionPoolLatent", "`pool_type` not 'token', 'avg' or ''",
+       "AttentionPoolLatent(8, num_heads=2, pool_type='max', rngs=rngs)", "ValueError",
+       "`pool_type` must be one of 'token' (the first latent, (N, out)), 'avg' (the latents' "
+       "mean, (N, out)), '' (every latent, (N, latent_len, out)); got 'max'."),
+    _r(_AH, "AttentionPoolLatent", "`qk_norm` not a bool",
+       "AttentionPoolLatent(8, num_heads=2, qk_norm='yes', rngs=rngs)", "TypeError",
+       "`qk_norm` must be a bool; got 'yes'."),
+    _r(_AH, "AttentionPool", "`inputs` channels-first",
+       "AttentionPool(3, feat_size=8, num_heads=1, rngs=rngs)(x(2, 3, 8, 8))", "ValueError",
+       "AttentionPool: `inputs` must be channels-last with in_features=3 on the last axis; got "
+       "shape (2, 3, 8, 8). It looks channels-first (NCHW: 3 on axis 1); use "
+       "jnp.moveaxis(x, 1, -1)."),
+    _r(_AH, "AttentionPool", "`inputs` of rank 2",
+       "AttentionPool(8, num_heads=2, rngs=rngs)(x(5, 8))", "ValueError",
+       "AttentionPool: `inputs` must be a channels-last map (N, H, W, C), (H, W, C) or "
+       "(*batch, H, W, C); got shape (5, 8) (rank 2)."),
+    _r(_AH, "AttentionPool", "a spatial dim of size 0",
+       "AttentionPool(8, num_heads=2, rngs=rngs)(x(1, 0, 4, 8))", "ValueError",
+       "AttentionPool: `inputs` " + _empty(8)),
+    _r(_AH, _HEADS, "`inputs` integer",
+       "{M}(8, num_heads=2, rngs=rngs)(x(1, 4, 4, 8, dtype=jnp.int32))",
+       "TypeError",
+       "{M}: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it first, "
+       "e.g. x.astype(jnp.float32)."),
+    _r(_AH, "AttentionPoolLatent", "`inputs` a feature map (N, H, W, C)",
+       "AttentionPoolLatent(8, num_heads=2, rngs=rngs)(x(2, 3, 3, 8))", "ValueError",
+       "AttentionPoolLatent: `inputs` must be tokens (N, L, C) or unbatched (L, C); got shape "
+       "(2, 3, 3, 8) (rank 4). A feature map (N, H, W, C) must be flattened to tokens first: "
+       "n, h, w, c = x.shape; x.reshape(n, h * w, c). For several batch axes, merge them "
+       "(x.reshape(-1, L, C)) or use jax.vmap."),
+    _r(_AH, "AttentionPoolLatent", "`inputs` of rank 1",
+       "AttentionPoolLatent(8, num_heads=2, rngs=rngs)(x(8))", "ValueError",
+       "AttentionPoolLatent: `inputs` must be tokens (N, L, C) or unbatched (L, C); got shape "
+       "(8,) (rank 1)."),
+    _r(_AH, "AttentionPoolLatent", "`inputs` channels-first (N, C, L)",
+       "AttentionPoolLatent(8, num_heads=2, rngs=rngs)(x(2, 8, 9))", "ValueError",
+       "AttentionPoolLatent: `inputs` must be channels-last with in_features=8 on the last axis; "
+       "got shape (2, 8, 9). It looks channels-first (NCHW: 8 on axis 1); use "
+       "jnp.moveaxis(x, 1, -1)."),
+    _r(_AH, "AttentionPoolLatent", "no tokens",
+       "AttentionPoolLatent(8, num_heads=2, rngs=rngs)(x(2, 0, 8))", "ValueError",
+       "AttentionPoolLatent: `inputs` needs at least one token to attend to; got shape (2, 0, 8)."),
+    # ------------------------------------------------------ attention heads: from_torch
+    _r(_AF, _HEADS, "`state_dict` not a mapping", "{M}.from_torch([], num_heads=2)", "TypeError",
+       "{M}.from_torch: `state_dict` must be a mapping; got <class 'list'>."),
+    _r(_AF, _HEADS, "`num_heads` omitted", "{M}.from_torch({})", "TypeError",
+       "{M}.from_torch() missing 1 required keyword-only argument: 'num_heads'"),
+    _r(_AF, "AttentionPoolLatent", "unexpected keys",
+       "AttentionPoolLatent.from_torch({'attn_pool.latent': np.zeros((1, 1, 8))}, num_heads=2)",
+       "ValueError",
+       "AttentionPoolLatent.from_torch: unexpected state-dict keys. Expected one of: kv.bias, "
+       "kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, mlp.fc2.weight, "
+       "norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight; k_norm.bias, "
+       "k_norm.weight, kv.bias, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, "
+       "mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight, "
+       "q_norm.bias, q_norm.weight; kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
+       "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, "
+       "q.weight; k_norm.bias, k_norm.weight, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
+       "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.weight, "
+       "q_norm.bias, q_norm.weight. Received: attn_pool.latent. Strip any parent prefix first, "
+       "e.g. {k.removeprefix('se.'): v for k, v in sd.items() if k.startswith('se.')}."),
+    _r(_AF, "AttentionPool", "a position embedding of a non-square map without `feat_size`",
+       "AttentionPool.from_torch(" + _APSD % 11 + ", num_heads=2)", "ValueError",
+       "AttentionPool.from_torch: `pos_embed` of shape (11, 8) holds 10 map positions, not a "
+       "square number; pass feat_size=(h, w) with h * w = 10."),
+    _r(_AF, "AttentionPool", "`feat_size` that does not fit the embedding",
+       "AttentionPool.from_torch(" + _APSD % 10 + ", num_heads=2, feat_size=(2, 5))",
+       "ValueError",
+       "AttentionPool.from_torch: `pos_embed` has shape (10, 8); expected (11, 8)."),
+    _r(_AF, "AttentionPool", "a fused `qkv` not 3 equal parts",
+       "AttentionPool.from_torch({'qkv.weight': np.zeros((23, 8)), 'proj.weight': "
+       "np.zeros((8, 8)), 'proj.bias': np.zeros(8), 'pos_embed': np.zeros((10, 8))}, "
+       "num_heads=2)", "ValueError",
+       "AttentionPool.from_torch: `qkv.weight` must stack q, k and v (E rows each) along its "
+       "first axis, so a multiple of 3 rows; got shape (23, 8)."),
+    _r(_AF, "AttentionPool", "a size passed as an option",
+       "AttentionPool.from_torch(" + _APSD % 10 + ", num_heads=2, embed_dim=8)", "TypeError",
+       "AttentionPool.from_torch: do not pass embed_dim; sizes come from the weights and no "
+       "initialiser runs."),
+    _r(_AF, "AttentionPoolLatent", "a fused `kv` not 2 equal parts",
+       "AttentionPoolLatent.from_torch({'latent': np.zeros((1, 1, 8)), 'q.weight': "
+       "np.zeros((8, 8)), 'kv.weight': np.zeros((15, 8)), 'proj.weight': np.zeros((8, 8)), "
+       "'proj.bias': np.zeros(8), 'norm.weight': np.zeros(8), 'norm.bias': np.zeros(8), "
+       "'mlp.fc1.weight': np.zeros((32, 8)), 'mlp.fc1.bias': np.zeros(32), 'mlp.fc2.weight': "
+       "np.zeros((8, 32)), 'mlp.fc2.bias': np.zeros(8)}, num_heads=2)", "ValueError",
+       "AttentionPoolLatent.from_torch: `kv.weight` must stack k and v (E rows each) along its "
+       "first axis, so a multiple of 2 rows; got shape (15, 8)."),
     # ------------------------------------------------------------ functional twins
     _r(_P, ("avg_pool", "max_pool", "min_pool"), "`inputs` of the wrong rank",
        "functional.{M}(x(6, 6), 2, 2)", "ValueError",
@@ -554,6 +821,16 @@ ROWS = (
        "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
        "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
     _r(_P, ("global_avg_pool", "global_max_pool"), "a spatial dim of size 0",
+       "functional.{M}(x(1, 0, 4, 1))", "ValueError", "{M}: `inputs` " + _empty(1)),
+    _r(_P, "gem_pool", "`p` an array of several elements",
+       "functional.gem_pool(x(1, 2, 2, 1), jnp.ones(2))", "TypeError",
+       "`p` must be a positive number or a floating array of one element (shape () or (1,)); "
+       "got an array of shape (2,) and dtype float32."),
+    _r(_P, "lse_plus_pool", "`r` an integer array",
+       "functional.lse_plus_pool(x(1, 2, 2, 1), jnp.ones(1, jnp.int32))", "TypeError",
+       "`r` must be a positive number or a floating array of one element (shape () or (1,)); "
+       "got an array of shape (1,) and dtype int32."),
+    _r(_P, ("gem_pool", "lse_plus_pool"), "a spatial dim of size 0",
        "functional.{M}(x(1, 0, 4, 1))", "ValueError", "{M}: `inputs` " + _empty(1)),
 )
 

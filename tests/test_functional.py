@@ -122,18 +122,23 @@ TWINS = [
 
 # Flax's functions default strides to 1 and PyTorch's to the window: no default here.
 STRIDES_REQUIRED = {("avg_pool", "strides"), ("max_pool", "strides"), ("min_pool", "strides")}
+# A learnable p (GeM) or r (LSE) is the module's: the twins take the value itself.
+PARAMETER_OPTIONS = ("learnable", "param_dtype")
 
 
 def test_every_pooling_module_has_a_functional_twin_with_its_signature():
   modules = {"avg_pool": AvgPool, "max_pool": MaxPool, "min_pool": MinPool, "lp_pool": LPPool,
              "max_unpool": MaxUnpool, "adaptive_avg_pool": AdaptiveAvgPool,
              "adaptive_max_pool": AdaptiveMaxPool, "global_avg_pool": GlobalAvgPool,
-             "global_max_pool": GlobalMaxPool}
+             "global_max_pool": GlobalMaxPool, "gem_pool": nnx_pool.GeMPool,
+             "lse_plus_pool": nnx_pool.LsePlusPool}
   assert sorted(F.__all__) == sorted(modules)
   for name, module in modules.items():
     ours = dict(inspect.signature(getattr(F, name)).parameters)
     theirs = dict(inspect.signature(module.__init__).parameters)
     del theirs["self"]
+    for option in PARAMETER_OPTIONS:  # how a module holds its parameter: no twin has it
+      theirs.pop(option, None)
     assert list(ours)[0] == "inputs"
     for arg, parameter in theirs.items():  # the module's names, kinds and defaults
       assert ours[arg].kind == parameter.kind, (name, arg)

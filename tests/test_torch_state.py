@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from nnx_pool._attention import AttentionPool, AttentionPoolLatent
 from nnx_pool._context_gates import GlobalContext, LightCBAM
 from nnx_pool._gates import (
   CBAM,
@@ -195,14 +196,80 @@ _CASES = {
 }
 
 
+# Issue 25, the attention heads (nnx_pool._attention): every key set of both, with num_heads.
+def _attention_pool(separate, bias, proj, cls):
+  e = 4  # embed_dim == in_features (timm's cls_token is (1, embed_dim))
+  if separate:
+    shapes = {f"{n}.weight": (e, e) for n in "qkv"} | (
+        {f"{n}.bias": (e,) for n in "qkv"} if bias else {})
+  else:
+    shapes = {"qkv.weight": (3 * e, e)} | ({"qkv.bias": (3 * e,)} if bias else {})
+  shapes |= ({"proj.weight": (3, e), "proj.bias": (3,)} if proj else {}) | {"pos_embed": (5, e)}
+  shapes |= {"cls_token": (1, e)} if cls else {}
+
+  def expected(sd):  # a fused qkv's rows are q, then k, then v
+    out = {"pos_embed": sd["pos_embed"]} | ({"cls_token": sd["cls_token"]} if cls else {})
+    for i, n in enumerate("qkv"):
+      rows = slice(e * i, e * (i + 1))
+      out[f"{n}.kernel"] = t_linear(sd[f"{n}.weight"] if separate else sd["qkv.weight"][rows])
+      if bias:
+        out[f"{n}.bias"] = sd[f"{n}.bias"] if separate else sd["qkv.bias"][rows]
+    if proj:
+      out |= {"proj.kernel": t_linear(sd["proj.weight"]), "proj.bias": sd["proj.bias"]}
+    return out
+  return AttentionPool, shapes, expected, {"num_heads": 2}
+
+
+def _latent(bias, qk_norm):
+  shapes = {"latent": (1, 2, 4), "q.weight": (4, 4), "kv.weight": (8, 4)}
+  shapes |= {"q.bias": (4,), "kv.bias": (8,)} if bias else {}
+  shapes |= ({f"{n}.{p}": (2,) for n in ("q_norm", "k_norm") for p in ("weight", "bias")}
+             if qk_norm else {})
+  shapes |= {"proj.weight": (3, 4), "proj.bias": (3,), "norm.weight": (3,), "norm.bias": (3,),
+             "mlp.fc1.weight": (7, 3), "mlp.fc1.bias": (7,), "mlp.fc2.weight": (3, 7),
+             "mlp.fc2.bias": (3,)}
+
+  def expected(sd):
+    out = {}
+    for key, value in sd.items():
+      layer, _, leaf = key.rpartition(".")
+      if not layer:
+        out[key] = value
+      elif leaf == "weight":
+        out[f"{layer}.kernel" if value.ndim == 2 else f"{layer}.scale"] = (
+            t_linear(value) if value.ndim == 2 else value)
+      else:
+        out[key] = value
+    return out
+  return AttentionPoolLatent, shapes, expected, {"num_heads": 2}
+
+
+_CASES |= {
+    **{f"timm AttentionPool2d {'separate' if s else 'fused'} bias={b} proj={p} cls={c}":
+       _attention_pool(s, b, p, c)
+       for s in (False, True) for b in (True, False) for p in (True, False) for c in (False, True)},
+    "open_clip ModifiedResNet AttentionPool2d": (
+        AttentionPool, {**{f"{n}_proj.{p}": (4, 4) if p == "weight" else (4,)
+                           for n in "qkvc" for p in ("weight", "bias")},
+                        "positional_embedding": (5, 4)},
+        lambda sd: {"pos_embed": sd["positional_embedding"],
+                    **{f"{'proj' if n == 'c' else n}.kernel": t_linear(sd[f"{n}_proj.weight"])
+                       for n in "qkvc"},
+                    **{f"{'proj' if n == 'c' else n}.bias": sd[f"{n}_proj.bias"] for n in "qkvc"}},
+        {"num_heads": 2}),
+    **{f"timm AttentionPoolLatent bias={b} qk_norm={q}": _latent(b, q)
+       for b in (True, False) for q in (False, True)},
+}
+
+
 @pytest.mark.parametrize("case", list(_CASES))
 def test_every_key_set_loads_each_tensor_to_its_place(case):
-  cls, shapes, expected_of = _CASES[case]
+  cls, shapes, expected_of, *options = _CASES[case]
   sd = distinct_state(shapes)
   for key in sd:
     if key.endswith("num_batches_tracked"):
       sd[key] = np.int64(123)  # accepted, ignored
-  got = params(cls.from_torch(sd))
+  got = params(cls.from_torch(sd, **(options[0] if options else {})))
   expected = expected_of(sd)
   assert sorted(got) == sorted(expected), case  # every parameter assigned, nothing else
   for path, value in expected.items():
@@ -215,7 +282,7 @@ def test_every_key_set_of_the_table_is_tested():
   table = {(name, frozenset(row.key for row in rows if row.target is not None))
            for name, loader in TORCH_KEYS.items() for rows in loader.key_sets}
   tested = {(cls.__name__, frozenset(k for k in shapes if not k.endswith("num_batches_tracked")))
-            for cls, shapes, _ in _CASES.values()}
+            for cls, shapes, *_ in _CASES.values()}
   assert table == tested  # (CBAM's and LightCBAM's ranks share their key sets)
 
 
