@@ -116,13 +116,20 @@ def test_check_grad_of_a_batchnorm_model_in_train_mode(tmp_path):
   assert guard.check("logits", model, X).status == "passed"
 
 
-def test_eager_results_that_disagree_with_jit_when_recording_are_kept_beside():
+def test_eager_results_that_disagree_with_jit_when_recording_are_kept_beside(tmp_path):
   # One result per output is stored; where eager already disagrees with jit (it can, BatchNorm
   # in train mode), the eager one is kept too and the eager run is compared with it.
   rec = core.Recording("check", results={"output": np.ones(3, np.float32)},
                        eager={"output": np.array([1, 1, 1.5], np.float32)})
   rec.tolerances = {"output": core.tolerance_for("model", "output", np.float32)}
   assert set(core.disagreeing_eager(rec)) == {"output_eager"}
+  stamp = {"versions": {}, "backend": {}}
+  written = core.write(Path(tmp_path) / "t" / "out", rec, stamp, nodeid="t", name="out")
+  base = store.read_baseline(Path(tmp_path) / "t" / "out")
+  assert set(base.arrays) == {"output", "output_eager"} and written.size > 0
+  report = core.compare(base, rec, stamp, name="out")  # each run against its own: passes
+  assert report.exit_code == 0 and [r.case for r in report.rows] == [
+      "out:output [jit]", "out:output [eager]"]
   rec.eager["output"] = np.ones(3, np.float32)
   assert core.disagreeing_eager(rec) == {}
 

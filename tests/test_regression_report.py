@@ -12,6 +12,7 @@ from nnx_pool.regression.report import (
   Timing,
   aligned,
   render,
+  shown_rows,
   table,
   timing_lines,
   write_json,
@@ -193,3 +194,17 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
   monkeypatch.undo()
   write_json(Report(command="check", exit_code=0, rows=[Row("a", "PASS")]), path)
   assert json.loads(path.read_text())["rows"][0]["case"] == "a"
+
+
+def test_a_long_report_lists_the_worst_failing_rows_by_how_far_over_tolerance():
+  # Hand-built rows: excess 3, 50, inf (an exact rule) and 1.5 times the tolerance, one pass.
+  def row(case, status, excess, max_abs):
+    return Row(case, status, max_abs, 0.0, "t", arrays={"result": {"excess": excess}})
+
+  rows = [row("a", "FAIL", 3.0, 1.0), row("b", "FAIL", 50.0, 0.1), row("c", "FAIL", "inf", 0.0),
+          row("d", "FAIL", 1.5, 9.0), row("e", "PASS", 0.0, 0.0)]
+  shown, line = shown_rows(rows, 2)
+  assert [r.case for r in shown] == ["b", "c"]  # in their order, the two worst
+  assert line == ("(and 2 more failing, 1 passing not listed: the 2 worst failing rows are "
+                  "shown; every row is in the JSON and HTML reports)")
+  assert shown_rows(rows, 5) == (rows, None)
