@@ -2,7 +2,7 @@
 
 ``ResNet()`` is the real-sized one: bottleneck blocks ``[1, 1, 1, 1]`` on widths 64, 128,
 256 and 512 (expansion 4), a 7x7 stem, nnx-pool's ``MaxPool(3, 2, 1)`` and
-``GlobalAvgPool()``, and a 10-class head: 8,036,106 parameters (``parameter_count``), 32 MB
+``GlobalAvgPool()``, and a 10-class head: 8,036,426 parameters (``parameter_count``), 32 MB
 in float32. ``ResNet(width=4)`` is the same code at 1/16 of the width, for tests of the
 logic. Channels-last, as nnx-pool.
 """
