@@ -98,6 +98,57 @@ def _se_torch(torch, channels: int):
   return se
 
 
+
+@functools.cache
+def _attention(channels: int, out: int, heads: int) -> nnx_pool.AttentionPool:
+  """One CLIP head per size, so ours, the hand-written Flax head and torch share weights."""
+  return nnx_pool.AttentionPool(channels, feat_size=7, out_features=out, num_heads=heads,
+                                rngs=nnx.Rngs(0))
+
+
+def _attention_weights(head: nnx_pool.AttentionPool) -> dict[str, np.ndarray]:
+  w = {f"{n}.{p}": np.asarray(getattr(getattr(head, n), p)[...])
+       for n in ("q", "k", "v", "proj") for p in ("kernel", "bias")}
+  w["pos_embed"] = np.asarray(head.pos_embed[...])
+  return w
+
+
+def _attention_flax(x, channels=2048, out=1024, heads=32):
+  """The CLIP head as a Flax user writes it: mean token first, position embedding,
+  q/k/v projections and ``nnx.dot_product_attention``, token 0 projected."""
+  w = _attention_weights(_attention(channels, out, heads))
+  n, h, wd, c = x.shape
+  tokens = x.reshape(n, h * wd, c)
+  tokens = jnp.concatenate([tokens.mean(axis=1, keepdims=True), tokens], axis=1) + w["pos_embed"]
+
+  def project(name):
+    return (tokens @ w[f"{name}.kernel"] + w[f"{name}.bias"]).reshape(n, -1, heads, c // heads)
+
+  attended = nnx.dot_product_attention(project("q"), project("k"), project("v"))
+  return attended[:, 0].reshape(n, c) @ w["proj.kernel"] + w["proj.bias"]
+
+
+def _attention_torch(torch, channels=2048, out=1024, heads=32):
+  """timm's ``AttentionPool2d.forward`` (separate q/k/v), with the same weights."""
+  w = {k: torch.from_numpy(np.array(v))
+       for k, v in _attention_weights(_attention(channels, out, heads)).items()}
+  f = torch.nn.functional
+
+  def head(x):  # x: NCHW (channels_last memory)
+    n, c = x.shape[:2]
+    tokens = x.flatten(2).transpose(1, 2)
+    tokens = torch.cat([tokens.mean(1, keepdim=True), tokens], 1) + w["pos_embed"].to(x.device)
+
+    def project(name):
+      y = tokens @ w[f"{name}.kernel"].to(x.device) + w[f"{name}.bias"].to(x.device)
+      return y.reshape(n, -1, heads, c // heads).transpose(1, 2)
+
+    attended = f.scaled_dot_product_attention(project("q"), project("k"), project("v"))
+    token = attended[:, :, 0].reshape(n, c)
+    return token @ w["proj.kernel"].to(x.device) + w["proj.bias"].to(x.device)
+
+  return head
+
 CASES = [
     Case(
         "MaxPool 3x3/2 pad 1",
@@ -156,6 +207,14 @@ CASES = [
         _se_jnp,
         lambda torch: _se_torch(torch, 256),
         tiny_shape=(1, 4, 4, 256),
+    ),
+    Case(
+        "AttentionPool CLIP RN50 head",
+        (4, 7, 7, 2048),
+        lambda: _attention(2048, 1024, 32),
+        _attention_flax,
+        _attention_torch,
+        tiny_shape=(1, 7, 7, 2048),
     ),
 ]
 
