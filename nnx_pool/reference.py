@@ -748,3 +748,206 @@ def lse_plus_pool(x: np.ndarray, r: float = 10.0) -> np.ndarray:
 
 
 __all__ += ["gem_pool", "lse_plus_pool"]
+
+
+# ----------------------------------------------------------------------------
+# Resampling pools (issue 25): timm's BlurPool2d and MedianPool2d, PyTorch's
+# FractionalMaxPool2d/3d.
+# ----------------------------------------------------------------------------
+
+PadMode = Literal["reflect", "constant", "replicate", "circular"]
+
+
+def _padded_source(coord: int, length: int, mode: str) -> int | None:
+  """The input coordinate that coordinate ``coord`` of ``F.pad(..., mode)`` reads; None for a
+  zero of ``"constant"``. ``"reflect"`` mirrors without repeating the edge (-1 reads 1)."""
+  if 0 <= coord < length:
+    return coord
+  if mode == "constant":
+    return None
+  if mode == "replicate":
+    return min(max(coord, 0), length - 1)
+  if mode == "circular":
+    return coord % length
+  if mode == "reflect":
+    period = 2 * (length - 1)
+    coord = abs(coord) % period
+    return coord if coord < length else period - coord
+  raise ValueError(f"pad mode must be reflect, constant, replicate or circular, got {mode!r}")
+
+
+def _check_pad(length: int, pad: int, mode: str) -> None:
+  """PyTorch's ``F.pad`` limits: reflect padding below the length, circular at most it."""
+  if mode == "reflect" and pad >= length:
+    raise ValueError(f"reflect padding {pad} must be less than the length {length}")
+  if mode == "circular" and pad > length:
+    raise ValueError(f"circular padding {pad} must be at most the length {length}")
+
+
+def binomial_filter(size: int) -> np.ndarray:
+  """timm's blur filter, ``C(size-1, k) / 2^(size-1)`` for ``k = 0..size-1``, float64.
+
+  >>> binomial_filter(3).tolist()
+  [0.25, 0.5, 0.25]
+  """
+  size = _check_int(size, "size", 2)
+  return np.array([math.comb(size - 1, k) for k in range(size)], np.float64) / 2.0 ** (size - 1)
+
+
+def blur_pool(
+  x: np.ndarray, filter_size: Sequence[int], strides: Sequence[int], pad_mode: PadMode = "reflect",
+) -> np.ndarray:
+  """timm's ``BlurPool2d`` (any spatial rank), channels-last.
+
+  Each spatial dim is padded on both sides by timm's
+  ``get_padding(k, s) = ((s - 1) + (k - 1)) // 2`` in ``pad_mode`` (``F.pad``'s),
+  and each output is the float64 sum over its window of the outer product of
+  :func:`binomial_filter` per dim times the cells, stepping by ``strides``; the
+  result is cast to ``x.dtype``.
+  """
+  nd = _spatial_rank(filter_size)
+  x = _check_input(x, nd)
+  filter_size = _check_tuple(filter_size, "filter_size", nd, 2)
+  strides = _check_tuple(strides, "strides", nd, 1)
+  spatial = x.shape[1:-1]
+  pads = [((s - 1) + (k - 1)) // 2 for k, s in zip(filter_size, strides, strict=True)]
+  outs = []
+  for length, k, s, p in zip(spatial, filter_size, strides, pads, strict=True):
+    _check_pad(length, p, pad_mode)
+    if length + 2 * p < k:
+      raise ValueError(f"filter {k} does not fit length {length} padded by {p} on each side")
+    outs.append((length + 2 * p - k) // s + 1)
+  filters = [binomial_filter(k) for k in filter_size]
+  out = np.zeros((x.shape[0], *outs, x.shape[-1]), np.float64)
+  for pos in itertools.product(*(range(o) for o in outs)):
+    acc = np.zeros((x.shape[0], x.shape[-1]), np.float64)
+    for taps in itertools.product(*(range(k) for k in filter_size)):
+      weight, cell = 1.0, []
+      for d, (o, j) in enumerate(zip(pos, taps, strict=True)):
+        weight *= filters[d][j]
+        cell.append(_padded_source(o * strides[d] - pads[d] + j, spatial[d], pad_mode))
+      if None not in cell:
+        acc = acc + weight * x[_at(cell)].astype(np.float64)
+    out[_at(pos)] = acc
+  return out.astype(x.dtype)
+
+
+def median_pool(
+  x: np.ndarray, window: Sequence[int], strides: Sequence[int], padding: Padding,
+) -> tuple[np.ndarray, np.ndarray]:
+  """timm's ``MedianPool2d`` (any spatial rank), channels-last: ``(values, indices)``.
+
+  The input is padded by reflection (``F.pad``'s ``"reflect"``: the padding must be
+  less than the dim) by ``padding``, ``(low, high)`` pairs per dim, or ``"SAME"``
+  (TF's rule, :func:`same_padding`, timm's ``same=True``); only whole windows are
+  kept. Each output is PyTorch's lower median of its window's cells in
+  row-major order: the first NaN if the window holds one, else the cell of rank
+  ``(n - 1) // 2`` in a stable sort (equal values rank in window order). Indices
+  are the flat per-plane index of the input cell the median was read from (a
+  padding cell names the cell it mirrors), int64.
+  """
+  nd = _spatial_rank(window)
+  x = _check_input(x, nd)
+  window = _check_tuple(window, "window", nd, 1)
+  strides = _check_tuple(strides, "strides", nd, 1)
+  spatial = x.shape[1:-1]
+  pads = _resolve_padding(padding, spatial, window, strides, (1,) * nd)
+  outs = []
+  for length, k, s, (lo, hi) in zip(spatial, window, strides, pads, strict=True):
+    _check_pad(length, max(lo, hi), "reflect")
+    outs.append(output_size(length, k, s, lo, hi))
+  shape = (x.shape[0], *outs, x.shape[-1])
+  values = np.empty(shape, x.dtype)
+  indices = np.empty(shape, np.int64)
+  for pos in itertools.product(*(range(o) for o in outs)):
+    cells = list(itertools.product(*(
+      [_padded_source(o * s - lo + j, length, "reflect") for j in range(k)]
+      for o, s, (lo, _), k, length in zip(pos, strides, pads, window, spatial, strict=True))))
+    for n in range(x.shape[0]):
+      for c in range(x.shape[-1]):
+        vals = [x[(n, *cell, c)] for cell in cells]
+        nans = [i for i, v in enumerate(vals) if np.isnan(v)]
+        chosen = nans[0] if nans else sorted(range(len(vals)), key=lambda i: vals[i])[
+          (len(vals) - 1) // 2]
+        values[(n, *pos, c)] = vals[chosen]
+        indices[(n, *pos, c)] = _flat_index(cells[chosen], spatial)
+  return values, indices
+
+
+# Which of a plane's samples drives each spatial dim, PyTorch's: in 2-D the first
+# drives W and the second H; in 3-D, T, H and W in order.
+_SAMPLE_OF_DIM = {1: (0,), 2: (1, 0), 3: (0, 1, 2)}
+
+
+def fractional_intervals(sample: np.floating, length: int, out: int, window: int) -> list[int]:
+  """PyTorch's ``generate_intervals``: where each of ``out`` windows starts along one dim.
+
+  ``int((i + u) * alpha) - int(u * alpha)`` with ``alpha = (length - window) / (out - 1)``,
+  and ``length - window`` for the last window; the arithmetic is done in the
+  dtype of the NumPy scalar ``sample`` (PyTorch's: the input's), each operation
+  rounded to it.
+
+  >>> fractional_intervals(np.float32(0.6), 5, 3, 2)
+  [0, 2, 3]
+  """
+  length = _check_int(length, "length", 1)
+  out = _check_int(out, "out", 1)
+  window = _check_int(window, "window", 1)
+  if window + out - 1 > length:
+    raise ValueError(f"window {window} with {out} outputs needs window + out - 1 <= {length}")
+  if not isinstance(sample, np.floating):
+    raise ValueError(f"sample must be a NumPy floating scalar, got {sample!r}")
+  dtype = type(sample)
+  starts = []
+  if out > 1:
+    alpha = dtype(length - window) / dtype(out - 1)
+    starts = [int((dtype(i) + sample) * alpha) - int(sample * alpha) for i in range(out - 1)]
+  starts.append(length - window)
+  if not all(0 <= s <= length - window for s in starts):
+    raise ValueError(f"a window starts outside [0, {length - window}]: {starts} (PyTorch asserts)")
+  return starts
+
+
+def fractional_max_pool(
+  x: np.ndarray, window: Sequence[int], output_size: Sequence[int], samples: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+  """PyTorch's ``fractional_max_pool2d/3d`` with ``_random_samples``, channels-last.
+
+  ``samples`` is ``(N, C, nd)``; plane ``(n, c)`` places its windows along each
+  dim at :func:`fractional_intervals` of its sample for that dim (in 2-D sample 0
+  drives W and sample 1 H; in 3-D they drive T, H, W; in 1-D the one sample), in
+  the samples' dtype. Within a window the rule of :func:`max_pool` applies, from
+  -inf with the window's first cell: the first maximum wins ties, the last NaN
+  wins. Returns ``(values, flat per-plane indices)``.
+  """
+  nd = _spatial_rank(window)
+  x = _check_input(x, nd)
+  window = _check_tuple(window, "window", nd, 1)
+  outs = _check_tuple(output_size, "output_size", nd, 1)
+  samples = np.asarray(samples)
+  expected = (x.shape[0], x.shape[-1], nd)
+  if samples.shape != expected:
+    raise ValueError(f"samples must have shape {expected}, got {samples.shape}")
+  spatial = x.shape[1:-1]
+  shape = (x.shape[0], *outs, x.shape[-1])
+  values = np.empty(shape, x.dtype)
+  indices = np.empty(shape, np.int64)
+  for n in range(x.shape[0]):
+    for c in range(x.shape[-1]):
+      starts = [fractional_intervals(samples[n, c, _SAMPLE_OF_DIM[nd][d]], spatial[d], outs[d],
+                                     window[d]) for d in range(nd)]
+      for pos in itertools.product(*(range(o) for o in outs)):
+        first = [s[o] for s, o in zip(starts, pos, strict=True)]
+        best, best_index = -np.inf, _flat_index(first, spatial)
+        for offset in itertools.product(*(range(k) for k in window)):
+          cell = [f + j for f, j in zip(first, offset, strict=True)]
+          val = x[(n, *cell, c)]
+          if val > best or np.isnan(val):
+            best, best_index = val, _flat_index(cell, spatial)
+        values[(n, *pos, c)] = best
+        indices[(n, *pos, c)] = best_index
+  return values, indices
+
+
+__all__ += ["binomial_filter", "blur_pool", "fractional_intervals", "fractional_max_pool",
+            "median_pool"]
