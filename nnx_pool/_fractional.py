@@ -102,7 +102,8 @@ def interval_starts(samples: jax.Array, length: int, out: int, window: int) -> j
   compute = jnp.promote_types(dtype, jnp.float32)
   alpha = np.asarray(length - window, dtype) / np.asarray(out - 1, dtype)  # rounded once
   u = samples.astype(compute)[..., None]
-  i = jnp.asarray(np.arange(out - 1).astype(dtype), compute)  # int64 -> scalar_t, as c10
+  i = jnp.asarray(np.arange(out - 1).astype(dtype), compute).reshape(  # int64 -> scalar_t
+      (1,) * samples.ndim + (out - 1,))
   a = jnp.asarray(alpha, compute)
   starts = (_rounded(_rounded(i + u, dtype) * a, dtype).astype(jnp.int32)
             - _rounded(u * a, dtype).astype(jnp.int32))

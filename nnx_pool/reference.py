@@ -879,13 +879,13 @@ def median_pool(
 _SAMPLE_OF_DIM = {1: (0,), 2: (1, 0), 3: (0, 1, 2)}
 
 
-def fractional_intervals(sample: np.floating, length: int, out: int, window: int) -> list[int]:
+def fractional_intervals(sample: np.generic, length: int, out: int, window: int) -> list[int]:
   """PyTorch's ``generate_intervals``: where each of ``out`` windows starts along one dim.
 
   ``int((i + u) * alpha) - int(u * alpha)`` with ``alpha = (length - window) / (out - 1)``,
   and ``length - window`` for the last window; the arithmetic is done in the
-  dtype of the NumPy scalar ``sample`` (PyTorch's: the input's), each operation
-  rounded to it.
+  dtype of the NumPy scalar ``sample`` (PyTorch's: the input's; ml_dtypes' bfloat16
+  too), each operation rounded to it.
 
   >>> fractional_intervals(np.float32(0.6), 5, 3, 2)
   [0, 2, 3]
@@ -895,7 +895,8 @@ def fractional_intervals(sample: np.floating, length: int, out: int, window: int
   window = _check_int(window, "window", 1)
   if window + out - 1 > length:
     raise ValueError(f"window {window} with {out} outputs needs window + out - 1 <= {length}")
-  if not isinstance(sample, np.floating):
+  # NumPy's floats, and ml_dtypes' (bfloat16...), whose dtype kind is "V".
+  if not isinstance(sample, np.generic) or sample.dtype.kind not in "fV":
     raise ValueError(f"sample must be a NumPy floating scalar, got {sample!r}")
   dtype = type(sample)
   starts = []
