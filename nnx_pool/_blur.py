@@ -14,10 +14,10 @@ timm's ``get_padding(filter_size, stride) = ((stride - 1) + (filter_size - 1)) /
 * ``"replicate"``: the edge repeated;
 * ``"circular"``: wrapped around; at most the dim's length, as PyTorch requires.
 
-Even filters pad less than half their span on the high side, so they shrink the
-output as timm's do (``filter_size=4, strides=2`` gives ``L // 2`` outputs, not
-``ceil(L / 2)``). timm's filter is a non-persistent buffer: there are no weights and
-no ``from_torch``.
+The padding is the same on both sides, so an even filter's output differs from an odd
+one's, as timm's does: ``filter_size=4`` gives ``L - 1`` outputs at stride 1 and
+``L // 2 + 1`` at stride 2, where 3 gives ``L`` and ``ceil(L / 2)``. timm's filter is a
+non-persistent buffer: there are no weights and no ``from_torch``.
 
 How it is computed: the filter is separable, so the blur is one strided 1-D pass per
 spatial dim, each a sum of ``filter_size`` strided slices (XLA fuses them into one

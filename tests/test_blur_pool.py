@@ -1,0 +1,224 @@
+"""Tests for anti-aliased downsampling, BlurPool (nnx_pool._blur), timm's BlurPool2d.
+
+Each expectation says where it comes from: a hand computation written out beside it,
+the NumPy mirror (``nnx_pool.reference.blur_pool``, float64 loops over the padded
+window), or PyTorch 2.13 CPU running timm 1.0.31 ``timm/layers/blur_pool.py``
+``BlurPool2d.forward`` re-stated below (timm itself imports torchvision, which has no
+CPU build for torch 2.13 here), with ``get_padding`` from ``timm/layers/padding.py``.
+The PyTorch tests skip cleanly when torch is absent.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from nnx_pool import ChannelsFirstWarning, reference
+from nnx_pool._blur import BlurPool, blur_pool
+
+_TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
+
+
+def _timm_blur(torch, x, filt_size, stride, pad_mode):
+  """timm 1.0.31 BlurPool2d(channels=None, filt_size, stride, pad_mode).forward, N-D.
+
+  ``_init_buffers``: coeffs = [comb(filt_size - 1, k)] / 2 ** (filt_size - 1) in float32,
+  the filter their outer product, expanded over the channels; ``forward``:
+  ``F.pad(x, [get_padding(filt_size, stride)] * 2 * ndim, mode=pad_mode)`` then
+  ``F.conv2d(x, weight, stride=stride, groups=channels)``. timm has 2-D only; 1-D and 3-D
+  use conv1d and conv3d with the same filter per dim.
+  """
+  F = torch.nn.functional
+  ndim = x.dim() - 2
+  coeffs = torch.tensor([math.comb(filt_size - 1, k) for k in range(filt_size)],
+                        dtype=torch.float32) / (2 ** (filt_size - 1))
+  blur = coeffs
+  for _ in range(ndim - 1):
+    blur = blur[..., None] * coeffs
+  channels = x.shape[1]
+  weight = blur[None, None].expand(channels, 1, *blur.shape).to(x.dtype)
+  padding = ((stride - 1) + (filt_size - 1)) // 2  # get_padding(filt_size, stride)
+  x = F.pad(x, [padding] * (2 * ndim), mode=pad_mode)
+  conv = (F.conv1d, F.conv2d, F.conv3d)[ndim - 1]
+  return conv(x, weight, stride=stride, groups=channels)
+
+
+# ----------------------------------------------------------------------------
+# By hand.
+# ----------------------------------------------------------------------------
+
+
+def test_blur_of_an_impulse_is_the_binomial_filter():
+  # C(n-1, k) / 2^(n-1): [1, 2, 1] / 4 and [1, 4, 6, 4, 1] / 16, outer products in 2-D. At
+  # stride 1 with zero padding (get_padding(3, 1) = 1, (5, 1) = 2) the output keeps the
+  # size, and an impulse of 16 (256) gives the filter scaled to integers.
+  x3 = np.zeros((1, 5, 5, 1), np.float32)
+  x3[0, 2, 2, 0] = 16.0
+  np.testing.assert_array_equal(blur_pool(x3, 3, 1, pad_mode="constant")[0, ..., 0], [
+      [0, 0, 0, 0, 0],
+      [0, 1, 2, 1, 0],
+      [0, 2, 4, 2, 0],
+      [0, 1, 2, 1, 0],
+      [0, 0, 0, 0, 0]])
+  x5 = np.zeros((1, 5, 5, 1), np.float32)
+  x5[0, 2, 2, 0] = 256.0
+  np.testing.assert_array_equal(blur_pool(x5, 5, 1, pad_mode="constant")[0, ..., 0], [
+      [1, 4, 6, 4, 1],
+      [4, 16, 24, 16, 4],
+      [6, 24, 36, 24, 6],
+      [4, 16, 24, 16, 4],
+      [1, 4, 6, 4, 1]])
+  assert reference.binomial_filter(5).tolist() == [1 / 16, 4 / 16, 6 / 16, 4 / 16, 1 / 16]
+
+
+@pytest.mark.parametrize(("pad_mode", "expected"), [
+    # x = [1, 2, 3, 4], filter [1, 2, 1] / 4, stride 1, one cell of padding each side:
+    ("reflect", [1.5, 2.0, 3.0, 3.5]),  # [2 | 1 2 3 4 | 3]: (2+2+2)/4, (1+4+3)/4, ...
+    ("replicate", [1.25, 2.0, 3.0, 3.75]),  # [1 | 1 2 3 4 | 4]: (1+2+2)/4, ..., (3+8+4)/4
+    ("circular", [2.0, 2.0, 3.0, 3.0]),  # [4 | 1 2 3 4 | 1]: (4+2+2)/4, ..., (3+8+1)/4
+    ("constant", [1.0, 2.0, 3.0, 2.75]),  # [0 | 1 2 3 4 | 0]: (0+2+2)/4, ..., (3+8+0)/4
+])
+def test_pad_modes_by_hand(pad_mode, expected):
+  x = np.array([1.0, 2.0, 3.0, 4.0], np.float32).reshape(1, 4, 1)
+  np.testing.assert_array_equal(
+      BlurPool(3, 1, pad_mode=pad_mode, num_spatial_dims=1)(x)[0, :, 0], expected)
+  np.testing.assert_array_equal(reference.blur_pool(x, (3,), (1,), pad_mode)[0, :, 0], expected)
+
+
+def test_default_is_reflect_stride_2_and_output_sizes_follow_timm():
+  # 4x4 arange, [1, 2, 1] / 4, reflect pad 1, stride 2. Rows: out 0 = (x1 + 2 x0 + x1) / 4 =
+  # (x0 + x1) / 2 = [2, 3, 4, 5]; out 1 = (x1 + 2 x2 + x3) / 4 = [8, 9, 10, 11]. Columns
+  # the same: [[2.5, 4], [8.5, 10]].
+  x = np.arange(16.0, dtype=np.float32).reshape(1, 4, 4, 1)
+  np.testing.assert_array_equal(BlurPool()(x)[0, ..., 0], [[2.5, 4.0], [8.5, 10.0]])
+  # get_padding(k, s) on both sides: L = 6 gives 3 (k=3, s=2), 4 (k=4, s=2: pad 2,
+  # (6 + 4 - 4) // 2 + 1), 5 (k=4, s=1: pad 1) and 3 (k=5, s=3: pad 3, (6 + 6 - 5) // 3 + 1).
+  x6 = np.zeros((1, 6, 6, 1), np.float32)
+  for k, s, out in [(3, 2, 3), (4, 2, 4), (4, 1, 5), (5, 3, 3)]:
+    assert BlurPool(k, s)(x6).shape == (1, out, out, 1), (k, s)
+
+
+# ----------------------------------------------------------------------------
+# PyTorch (timm's forward) and the NumPy mirror.
+# ----------------------------------------------------------------------------
+
+
+_CASES = [  # (filter_size, strides, pad_mode, spatial)
+    (3, 2, "reflect", (9, 10)),
+    (5, 2, "constant", (9, 10)),
+    (4, 2, "replicate", (9, 10)),
+    (2, 3, "circular", (9, 10)),
+    (3, 1, "reflect", (7,)),
+    (3, 2, "circular", (5, 4, 6)),
+]
+
+
+@pytest.mark.parametrize(("filter_size", "strides", "pad_mode", "spatial"), _CASES)
+def test_matches_timm_and_the_mirror_values_and_gradients(filter_size, strides, pad_mode,
+                                                           spatial):
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  rng = np.random.default_rng(len(spatial) + filter_size)
+  x = rng.standard_normal((2, *spatial, 3)).astype(np.float32)
+  ndim = len(spatial)
+
+  @jax.jit
+  def run(x, g):
+    y, vjp = jax.vjp(lambda x: blur_pool(x, filter_size, strides, pad_mode=pad_mode,
+                                         num_spatial_dims=ndim), x)
+    return y, vjp(g)[0]
+
+  xt = torch.tensor(np.moveaxis(x, -1, 1).copy(), requires_grad=True)
+  yt = _timm_blur(torch, xt, filter_size, strides, pad_mode)
+  want = np.moveaxis(yt.detach().numpy(), 1, -1)
+  g = rng.standard_normal(want.shape).astype(np.float32)
+  yt.backward(torch.tensor(np.moveaxis(g, -1, 1).copy()))
+  y, grad = run(x, g)
+  # A separable pass sums in another order than PyTorch's convolution: a few ULPs.
+  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(grad, np.moveaxis(xt.grad.numpy(), 1, -1), rtol=1e-5, atol=1e-6)
+  mirror = reference.blur_pool(x, (filter_size,) * ndim, (strides,) * ndim, pad_mode)
+  np.testing.assert_allclose(mirror, want, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# jit, vmap, forward mode, batch axes, dtypes, layout.
+# ----------------------------------------------------------------------------
+
+
+def test_batch_axes_vmap_and_forward_mode():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 3, 7, 6, 4)).astype(np.float32)  # (B1, B2, H, W, C)
+  pool = BlurPool(3, 2)
+  several = pool(x)
+  np.testing.assert_array_equal(several, pool(x.reshape(6, 7, 6, 4)).reshape(2, 3, 4, 3, 4))
+  np.testing.assert_array_equal(jax.vmap(pool)(x[0]), several[0])  # unbatched under vmap
+  # The blur is linear: the forward-mode tangent is the blur of the tangent, and the
+  # reverse-mode gradient of <blur(x), g> is its transpose: <blur(t), g> = <t, grad>.
+  t = rng.standard_normal(x[0].shape).astype(np.float32)
+  y, tangent = jax.jvp(pool, (x[0],), (t,))
+  np.testing.assert_allclose(tangent, pool(t), rtol=1e-6, atol=1e-6)
+  g = rng.standard_normal(y.shape).astype(np.float32)
+  grad = jax.grad(lambda x: jnp.sum(pool(x) * g))(x[0])
+  np.testing.assert_allclose(np.sum(pool(t) * g), np.sum(t * grad), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_inputs_are_blurred_in_float32_and_rounded_once(dtype):
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 8, 8, 3)), dtype)
+  got = BlurPool(5, 2)(x)
+  assert got.dtype == dtype
+  np.testing.assert_array_equal(got, BlurPool(5, 2)(x.astype(jnp.float32)).astype(dtype))
+
+
+def test_nchw_guard():
+  with pytest.raises(ValueError, match=re.escape("use jnp.moveaxis(x, 1, -1)")):
+    BlurPool(in_features=3)(jnp.zeros((2, 3, 16, 16)))
+  with pytest.warns(ChannelsFirstWarning):
+    BlurPool()(jnp.zeros((2, 3, 16, 16)))
+
+
+# ----------------------------------------------------------------------------
+# Refusals.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: BlurPool(1), ValueError,
+     "`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; timm "
+     "asserts filt_size > 1); got 1. For a plain strided subsample use x[:, ::2, ::2] or "
+     "MaxPool(1, 2)."),
+    (lambda: BlurPool(pad_mode="zeros"), ValueError,
+     "`pad_mode` must be one of 'reflect', 'constant', 'replicate', 'circular' (F.pad's "
+     "modes); got 'zeros'."),
+    (lambda: BlurPool(3.0), TypeError, "`filter_size` must be an int or a tuple of ints; got 3.0."),
+    (lambda: BlurPool((3, 3), (2, 2, 2)), ValueError,
+     "`strides` (2, 2, 2) has 3 entries, but `filter_size` (3, 3) sets 2 spatial dim(s)"),
+    (lambda: BlurPool(stride=2), TypeError,
+     "BlurPool takes `strides` (Flax's name), not `stride` (PyTorch's): write strides=... "
+     "instead."),
+    (lambda: BlurPool(channels=8), TypeError,
+     "BlurPool takes `in_features` (Flax's name), not `channels` (timm's)"),
+    (lambda: BlurPool(5, 2)(jnp.zeros((1, 2, 8, 1))), ValueError,
+     "BlurPool: reflect padding must be shorter than the dim it pads (PyTorch's F.pad rule: "
+     "it mirrors the dim without its edge); spatial dim 0 has length 2 and padding (2, 2). "
+     "Use an input at least 3 long there, or less padding."),
+    (lambda: blur_pool(jnp.zeros((1, 8, 2, 1)), 5, 3, pad_mode="circular"), ValueError,
+     "blur_pool: circular padding must be at most the length of the dim it pads (PyTorch's "
+     "F.pad rule: it would wrap around more than once); spatial dim 1 has length 2 and "
+     "padding (3, 3). Use an input at least 3 long there, or less padding."),
+    (lambda: blur_pool(jnp.zeros((1, 1, 8, 1)), 4, 1, pad_mode="constant"), ValueError,
+     "blur_pool: filter_size 4 does not fit spatial dim 0 of length 1 padded by (1, 1) "
+     "(timm's get_padding); use an input at least 2 long there, or a smaller filter."),
+    (lambda: BlurPool()(jnp.zeros((1, 8, 8, 1), jnp.int32)), TypeError,
+     "BlurPool: `inputs` has dtype int32, but this pooling needs a floating dtype"),
+    (lambda: BlurPool()(jnp.zeros((1, 0, 8, 1))), ValueError,
+     "BlurPool: `inputs` needs non-empty spatial dims"),
+])
+def test_refusals(call, error, message):
+  with pytest.raises(error, match=re.escape(message)):
+    call()
