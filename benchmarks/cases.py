@@ -28,6 +28,7 @@ class Case:
   flax: Callable
   torch: Callable | None = None
   tiny_shape: tuple[int, ...] | None = None
+  tiny_case: Case | None = None  # a smaller layer altogether, where a shape is not enough
 
   @property
   def ndim(self) -> int:
@@ -35,6 +36,8 @@ class Case:
 
   def tiny(self) -> Case:
     """The same case on a small input, for the smoke test."""
+    if self.tiny_case is not None:
+      return self.tiny_case
     n, *spatial, c = self.shape
     shape = self.tiny_shape or (1, *(min(s, 9) for s in spatial), min(c, 4))
     return dataclasses.replace(self, shape=shape)
@@ -214,7 +217,10 @@ CASES = [
         lambda: _attention(2048, 1024, 32),
         _attention_flax,
         _attention_torch,
-        tiny_shape=(1, 7, 7, 2048),
+        tiny_case=Case("AttentionPool CLIP RN50 head", (1, 7, 7, 16),
+                       lambda: _attention(16, 8, 4),
+                       functools.partial(_attention_flax, channels=16, out=8, heads=4),
+                       functools.partial(_attention_torch, channels=16, out=8, heads=4)),
     ),
 ]
 

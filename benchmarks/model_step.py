@@ -158,7 +158,7 @@ def torch_model(config: dict, model: SEResNet):
     kernel = np.asarray(c.kernel[...])  # (kh, kw, in, out)
     layer = nn.Conv2d(kernel.shape[2], kernel.shape[3], kernel.shape[:2], stride, padding,
                       bias=False)
-    layer.weight.data = torch.from_numpy(np.ascontiguousarray(kernel.transpose(3, 2, 0, 1)))
+    layer.weight.data = torch.from_numpy(np.array(kernel.transpose(3, 2, 0, 1)))
     return layer
 
   def bn(b: nnx.BatchNorm) -> nn.BatchNorm2d:
@@ -170,7 +170,7 @@ def torch_model(config: dict, model: SEResNet):
   def linear(lin: nnx.Linear) -> nn.Linear:
     kernel = np.asarray(lin.kernel[...])
     layer = nn.Linear(*kernel.shape)
-    layer.weight.data = torch.from_numpy(np.ascontiguousarray(kernel.T))
+    layer.weight.data = torch.from_numpy(np.array(kernel.T))
     layer.bias.data = torch.from_numpy(np.array(lin.bias[...]))
     return layer
 
@@ -228,18 +228,26 @@ def torch_step(config: dict, model: SEResNet):
 
 
 def losses(config: dict) -> dict[str, float]:
-  """The first step's loss, three ways, from the same weights and batch."""
+  """The loss of the first batch, three ways, from the same weights (BatchNorm in training).
+
+  The forward alone: it settles that the three networks are one (the step's own loss,
+  reported by every timed process, is checked again before the row is reported).
+  """
   x, y = batch(config)
   out = {}
   for name in ("ours", "flax"):
-    step, state, model = jax_step(config, ours=name == "ours")
-    out[name] = float(step(*state, x, y)[-1])
+    model = SEResNet(config["widths"], config["classes"], ours=name == "ours", rngs=nnx.Rngs(0))
+    loss = nnx.jit(lambda m, x, y: optax.softmax_cross_entropy_with_integer_labels(
+        m(x), y).mean())
+    out[name] = float(loss(model, x, y))
   try:
-    import torch  # noqa: F401
+    import torch
   except ImportError:
     return out
-  step, *_ = torch_step(config, jax_step(config, ours=True)[2])
-  out["torch"] = float(step())
+  _, net, tx, ty = torch_step(config, SEResNet(config["widths"], config["classes"], ours=True,
+                                               rngs=nnx.Rngs(0)))
+  with torch.no_grad():
+    out["torch"] = float(torch.nn.functional.cross_entropy(net(tx), ty))
   return out
 
 

@@ -13,6 +13,7 @@ layer options ``dtype``, ``param_dtype``, ``precision``, ``kernel_init``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import jax
@@ -177,9 +178,10 @@ def softmax_pool(x: jax.Array, logits: jax.Array) -> jax.Array:
   full precision (timm's ``x @ attn``).
   """
   n, c = x.shape[0], x.shape[-1]
+  cells = math.prod(x.shape[1:-1])  # spelt out: -1 cannot be inferred for an empty batch
   dtype = jnp.promote_types(jnp.promote_types(x.dtype, logits.dtype), jnp.float32)
-  weights = jax.nn.softmax(logits.reshape(n, -1).astype(dtype), axis=-1)
-  context = jnp.einsum("nsc,ns->nc", x.reshape(n, -1, c).astype(dtype), weights,
+  weights = jax.nn.softmax(logits.reshape(n, cells).astype(dtype), axis=-1)
+  context = jnp.einsum("nsc,ns->nc", x.reshape(n, cells, c).astype(dtype), weights,
                        precision=lax.Precision.HIGHEST)
   return context.astype(x.dtype)
 

@@ -99,7 +99,18 @@ CASES = {
     "EfficientChannelAttention": (
         lambda: nnx_pool.EfficientChannelAttention(CHANNELS, rngs=_rngs()), "close"),
     "CBAM": (lambda: nnx_pool.CBAM(CHANNELS, rngs=_rngs()), "close"),
+    "LightCBAM": (lambda: nnx_pool.LightCBAM(CHANNELS, rngs=_rngs()), "close"),
+    "GlobalContext": (lambda: nnx_pool.GlobalContext(CHANNELS, fuse_add=True, rngs=_rngs()),
+                      "close"),
+    "GeMPool": (lambda: nnx_pool.GeMPool(), "close"),
+    "LsePlusPool": (lambda: nnx_pool.LsePlusPool(), "close"),
+    "AttentionPool": (lambda: nnx_pool.AttentionPool(CHANNELS, feat_size=4, num_heads=2,
+                                                     rngs=_rngs()), "close"),
+    "AttentionPoolLatent": (lambda: nnx_pool.AttentionPoolLatent(CHANNELS, num_heads=2,
+                                                                 rngs=_rngs()), "close"),
 }
+# The input of a case that does not take the (BATCH, SIZE, SIZE, CHANNELS) map: tokens.
+INPUT_SHAPES = {"AttentionPoolLatent": (BATCH, SIZE * SIZE, CHANNELS)}
 # Spatial sharding (H over the second mesh axis): where it is meaningful, a
 # reduction over the whole map or a gate built on one.
 SPATIAL = (
@@ -130,13 +141,16 @@ AUTO = ("AvgPool", "MaxPool", "MaxUnpool", "AdaptiveMaxPool", "SqueezeExcitation
 AUTO_SPATIAL = ("GlobalMaxPool", "SelectAdaptivePool", "SqueezeExcitation")
 # Modules whose forward pass couples the examples of a batch: CBAM starts in
 # training mode, so its BatchNorm takes batch statistics (an all-reduce).
-BATCH_COUPLED = ("CBAM",)
+BATCH_COUPLED = ("CBAM", "LightCBAM")
 # allclose tolerances (rtol = atol) for averages: float32 reordering of a window or
 # a map's sum; the regression kit's "window" and "gate" float32 numbers
 # (docs/regression.md). CBAM's BatchNorm reduces over the sharded batch, in
 # another order than on one device, so it gets the gate numbers (forward, gradient).
 RTOL = 1e-6
-TOLERANCES = {"CBAM": (1e-5, 4e-5)}
+TOLERANCES = {"CBAM": (1e-5, 4e-5), "LightCBAM": (1e-5, 4e-5),
+              # softmax-weighted sums over the map: the gate numbers too
+              "GlobalContext": (1e-5, 4e-5), "AttentionPool": (1e-5, 4e-5),
+              "AttentionPoolLatent": (1e-5, 4e-5)}
 # Parameter gradients sum over the sharded batch (an all-reduce) in another order.
 PARAM_GRAD_TOL = 4e-5
 
@@ -233,7 +247,7 @@ def run_case(name: str, mesh, spec: P, axis_type: str) -> dict:
   factory, kind = CASES[name]
   exact = kind == "exact"
   tol, grad_tol = TOLERANCES.get(name, (RTOL, RTOL))
-  x = _input((BATCH, SIZE, SIZE, CHANNELS), seed=len(name))
+  x = _input(INPUT_SHAPES.get(name, (BATCH, SIZE, SIZE, CHANNELS)), seed=len(name))
   args = _args(name, x)
   in_sharding = NamedSharding(mesh, spec)
   batch_sharding = NamedSharding(mesh, P(spec[0]))

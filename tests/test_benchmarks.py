@@ -54,8 +54,8 @@ def test_backward_formulations_equal_the_numpy_mirror():
 
   from benchmarks import formulations
   from nnx_pool import reference
-  from nnx_pool._select import arg_select
   from nnx_pool._geometry import Window
+  from nnx_pool._select import arg_select
 
   shape = (2, 9, 10, 3)  # an odd and an even length
   rng = np.random.default_rng(3)

@@ -287,8 +287,11 @@ _ERRORS = [
     (lambda: LsePlusPool(param_dtype=jnp.int32), TypeError,
      "`param_dtype` must be a floating dtype such as jnp.float32; got <class "
      "'jax.numpy.int32'>."),
-    (lambda: GeMPool(r_learnable=False), TypeError,
-     "GeMPool got an unexpected keyword argument `r_learnable`; GeMPool takes (p, *, eps, "
+    (lambda: LsePlusPool(r_learnable=False), TypeError,  # timm LsePlus2d's name
+     "LsePlusPool takes `learnable` (nnx-pool's name), not `r_learnable` (timm's): write "
+     "learnable=... instead."),
+    (lambda: GeMPool(pool=1), TypeError,
+     "GeMPool got an unexpected keyword argument `pool`; GeMPool takes (p, *, eps, "
      "learnable, flatten, num_spatial_dims, in_features, param_dtype)."),
     (lambda: gem_pool(np.ones((1, 2, 2, 1), np.float32), np.ones(2, np.float32)), TypeError,
      "`p` must be a positive number or a floating array of one element (shape () or (1,)); got "

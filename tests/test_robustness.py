@@ -47,12 +47,18 @@ from nnx_pool import (
     CBAM,
     AdaptiveAvgPool,
     AdaptiveMaxPool,
+    AttentionPool,
+    AttentionPoolLatent,
     AvgPool,
     EffectiveSqueezeExcitation,
     EfficientChannelAttention,
+    GeMPool,
     GlobalAvgPool,
+    GlobalContext,
     GlobalMaxPool,
+    LightCBAM,
     LPPool,
+    LsePlusPool,
     MaxPool,
     MaxUnpool,
     MinPool,
@@ -486,8 +492,29 @@ _MODULES = {
         in_features=[4], squeeze_features=[None, 2], rd_ratio=[1 / 16, 0.5], rd_divisor=[1, 2],
         spatial_kernel_size=[3, 1], activation=[nnx.relu], gate=_GATE_FN, use_bias=[False, True],
         num_spatial_dims=_NSD)),
+    "LightCBAM": (_gate(LightCBAM), dict(
+        in_features=[4], squeeze_features=[None, 2], rd_ratio=[1 / 16, 0.5],
+        spatial_kernel_size=[3, 1], use_bias=[False, True], num_spatial_dims=_NSD)),
+    "GlobalContext": (_gate(GlobalContext), dict(
+        in_features=[4], use_attn=[True, False], fuse_add=[False, True],
+        fuse_scale=[True, False], squeeze_features=[None, 2], gate=_GATE_FN,
+        num_spatial_dims=_NSD)),
+    "AttentionPool": (_gate(AttentionPool), dict(
+        in_features=[4], feat_size=[2, 3, (2, 3)], num_heads=[1, 2, None],
+        out_features=[None, 2, 0], pool_type=["token", ""], class_token=[False, True])),
+    "AttentionPoolLatent": (_gate(AttentionPoolLatent), dict(
+        in_features=[4], num_heads=[2, 1, 8], latent_len=[1, 2],
+        pool_type=["token", "avg", ""], qk_norm=[False, True])),
+    "GeMPool": (GeMPool, dict(
+        p=[3.0, 1.0, 2.5, np.float32(4)], eps=[1e-6, 1e-3], learnable=[True, False],
+        flatten=[True, False], num_spatial_dims=_NSD, in_features=_IN_FEATURES)),
+    "LsePlusPool": (LsePlusPool, dict(
+        r=[10.0, 1.0, np.float32(2)], learnable=[True, False], flatten=[True, False],
+        num_spatial_dims=_NSD, in_features=_IN_FEATURES)),
 }
-_GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM")
+# Modules with parameters, whose in_features is their channel count (fewer examples each).
+_GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM",
+          "LightCBAM", "GlobalContext", "AttentionPool", "AttentionPoolLatent")
 _POOLS = tuple(sorted(set(_MODULES) - set(_GATES)))
 
 
@@ -592,10 +619,13 @@ def _empty_params():
 @pytest.mark.parametrize(("name", "where"), _empty_params())
 def test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape(name, where):
   factory, valid = _MODULES[name]
-  if name in ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention",
-              "CBAM") and where == "channels":
+  if name in _GATES and where == "channels":
     pytest.skip("a gate's channel count is its in_features, which must be positive")
   shape = (0, 4, 4, 4) if where == "batch" else (2, 4, 4, 0)
+  if name == "AttentionPoolLatent":  # tokens (N, L, C): an empty batch of 16 tokens
+    out = AttentionPoolLatent(4, num_heads=2, rngs=nnx.Rngs(0))(jnp.zeros((0, 16, 4)))
+    assert out.shape == (0, 4)
+    return
   x = jnp.zeros(shape, jnp.float32)
   module = factory(**{arg: values[0] for arg, values in valid.items()})
   if name == "MaxUnpool":
@@ -606,7 +636,8 @@ def test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape(name, w
     expected = {  # hand: what each module does to a (N, 4, 4, C) map
         "AvgPool": (2, 2), "MaxPool": (2, 2), "MinPool": (2, 2), "LPPool": (2, 2),
         "GlobalAvgPool": (), "GlobalMaxPool": (), "AdaptiveAvgPool": (2, 2),
-        "AdaptiveMaxPool": (2, 2), "SelectAdaptivePool": (1, 1),
+        "AdaptiveMaxPool": (2, 2), "SelectAdaptivePool": (1, 1), "GeMPool": (),
+        "LsePlusPool": (), "AttentionPool": (),
     }.get(name, (4, 4))
     expected = (shape[0], *expected, shape[-1])
   assert out.shape == expected and out.size == 0

@@ -61,6 +61,8 @@ DATA_PARALLEL = (
     "AvgPool", "MaxPool", "MaxPool_dilated", "MinPool", "LPPool", "MaxUnpool", "GlobalAvgPool",
     "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "SelectAdaptivePool",
     "SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM",
+    "LightCBAM", "GlobalContext", "GeMPool", "LsePlusPool", "AttentionPool",
+    "AttentionPoolLatent",
 )
 SPATIAL = (
     "GlobalAvgPool", "GlobalMaxPool", "SelectAdaptivePool", "SqueezeExcitation",
@@ -77,7 +79,7 @@ WINDOW_SPATIAL = (
     "MaxPool 3x3x3/2 p1", "AdaptiveAvgPool 16->4", "AdaptiveMaxPool 16->4",
 )
 GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention")
-BATCH_COUPLED = ("CBAM",)  # BatchNorm in training mode: batch statistics are an all-reduce
+BATCH_COUPLED = ("CBAM", "LightCBAM")  # BatchNorm in training mode: batch statistics are an all-reduce
 DATA, GRID = "P('data',)", "P('data', 'space')"
 
 # A configuration that fails today would be listed here with the library change it needs,
