@@ -4,7 +4,9 @@
 #   make test    the whole test suite
 # and, for maintainers: make test-quick (the suite without the tests marked slow),
 # make test-rehearsal (rehearse jax 0.9.2 against the shipped baseline, with real wheels),
-# make lint (ruff), make baseline (re-record the shipped baseline), make bench.
+# make lint (ruff), make baseline (re-record the shipped baseline), make bench,
+# make docs (the site in site/), make test-site (the site in headless Chromium),
+# make docs-screenshots, make typecheck (pyright).
 # EXTRAS selects the optional dependencies; CI adds `parity` (PyTorch 2.13 CPU).
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +16,8 @@ comma := ,
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: check test test-quick test-rehearsal test-floor lint baseline bench clean
+.PHONY: check test test-quick test-rehearsal test-floor lint baseline bench clean docs test-site \
+	docs-screenshots typecheck
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,8 +58,35 @@ lint:
 test-floor:
 	$(MAKE) test VENV=.venv-floor EXTRAS=test CONSTRAINTS=constraints-floor.txt
 
+# The documentation site, from mkdocs.yml into site/; open site/index.html (no server needed).
+# --strict: a broken link, anchor or reference fails the build. `docs` is also a folder, hence
+# .PHONY above.
+docs:
+	$(MAKE) $(VENV)/.installed-docs EXTRAS=docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+# The site as a reader meets it (tests/test_site.py, marked `site`): built, then opened in
+# Debian's chromium (apt-get install -y chromium) through Playwright.
+test-site:
+	$(MAKE) $(VENV)/.installed-test-docs EXTRAS=test,docs
+	$(BIN)/python -m pytest -m site tests/test_site.py -n 0 $(PYTEST_ARGS)
+
+# Re-takes docs/site-maxpool-reference.png and docs/site-guide.png from a fresh build.
+docs-screenshots:
+	$(MAKE) $(VENV)/.installed-test-docs EXTRAS=test,docs
+	NNX_POOL_SITE_SHOTS=docs $(BIN)/python -m pytest -m site tests/test_site.py -n 0 -k signature
+
+# pyright (basic mode, [tool.pyright] in pyproject.toml) over nnx_pool/ and regression/ as
+# installed (copied to build/typecheck), then a user's file through the public API
+# (tests/test_types.py, marked `typecheck`).
+typecheck:
+	$(MAKE) $(VENV)/.installed-test-typecheck EXTRAS=test,typecheck
+	$(BIN)/python docs/site_src/installed_layout.py build/typecheck
+	$(BIN)/pyright --pythonpath $(BIN)/python
+	$(BIN)/python -m pytest -m typecheck tests/test_types.py -n 0 $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf .venv .venv-floor build *.egg-info
+	rm -rf .venv .venv-floor build *.egg-info site
