@@ -79,7 +79,8 @@ WINDOW_SPATIAL = (
     "MaxPool 3x3x3/2 p1", "AdaptiveAvgPool 16->4", "AdaptiveMaxPool 16->4",
 )
 GATES = ("SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention")
-BATCH_COUPLED = ("CBAM", "LightCBAM")  # BatchNorm in training mode: batch statistics are an all-reduce
+# BatchNorm in training mode: the batch statistics are an all-reduce.
+BATCH_COUPLED = ("CBAM", "LightCBAM")
 DATA, GRID = "P('data',)", "P('data', 'space')"
 
 # A configuration that fails today would be listed here with the library change it needs,
