@@ -38,6 +38,7 @@ _WHERE = {
     "SelectAdaptivePool": "_adaptive",
     "AttentionPool": "_attention",
     "AttentionPoolLatent": "_attention",
+    "BlurPool": "_blur",
     "GlobalContext": "_context_gates",
     "LightCBAM": "_context_gates",
     "GeMPool": "_generalized",
@@ -53,6 +54,8 @@ _WHERE = {
     "MaxPool": "_pool",
     "MinPool": "_pool",
     "MaxUnpool": "_unpool",
+    "FractionalMaxPool": "_fractional",
+    "MedianPool": "_median",
     "output_shape": "_geometry",
     "ChannelsFirstWarning": "_layout",
 }

@@ -17,8 +17,10 @@ from nnx_pool._backend import IMPLEMENTATIONS as IMPLEMENTATIONS
 from nnx_pool._backend import current_implementation as current_implementation
 from nnx_pool._backend import set_default_implementation as set_default_implementation
 from nnx_pool._backend import use_implementation as use_implementation
+from nnx_pool._blur import BlurPool as BlurPool
 from nnx_pool._context_gates import GlobalContext as GlobalContext
 from nnx_pool._context_gates import LightCBAM as LightCBAM
+from nnx_pool._fractional import FractionalMaxPool as FractionalMaxPool
 from nnx_pool._gates import CBAM as CBAM
 from nnx_pool._gates import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
 from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
@@ -29,6 +31,7 @@ from nnx_pool._generalized import GeMPool as GeMPool
 from nnx_pool._generalized import LsePlusPool as LsePlusPool
 from nnx_pool._geometry import output_shape as output_shape
 from nnx_pool._layout import ChannelsFirstWarning as ChannelsFirstWarning
+from nnx_pool._median import MedianPool as MedianPool
 from nnx_pool._pool import AvgPool as AvgPool
 from nnx_pool._pool import LPPool as LPPool
 from nnx_pool._pool import MaxPool as MaxPool

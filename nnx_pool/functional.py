@@ -50,11 +50,15 @@ from nnx_pool._adaptive import (
   global_avg_pool,
   global_max_pool,
 )
+from nnx_pool._blur import blur_pool
+from nnx_pool._fractional import fractional_max_pool
 from nnx_pool._generalized import gem_pool, lse_plus_pool
+from nnx_pool._median import median_pool
 from nnx_pool._pool import avg_pool, lp_pool, max_pool, min_pool
 from nnx_pool._unpool import max_unpool
 
-# Grouped by family: window pools, unpooling, adaptive and global pools.
+# Grouped by family: window pools, unpooling, adaptive and global pools, generalized
+# pools, and timm's anti-aliased, median and PyTorch's fractional pools.
 __all__ = ["avg_pool", "max_pool", "min_pool", "lp_pool", "max_unpool",
            "adaptive_avg_pool", "adaptive_max_pool", "global_avg_pool", "global_max_pool",
-           "gem_pool", "lse_plus_pool"]
+           "gem_pool", "lse_plus_pool", "blur_pool", "median_pool", "fractional_max_pool"]

@@ -117,6 +117,8 @@ TWINS = [
     ("adaptive_max_pool", AdaptiveMaxPool, (4,), dict(return_indices=True)),
     ("global_avg_pool", GlobalAvgPool, (), dict(keepdims=True)),
     ("global_max_pool", GlobalMaxPool, (), {}),
+    ("blur_pool", nnx_pool.BlurPool, (3, 2), dict(pad_mode="replicate")),
+    ("median_pool", nnx_pool.MedianPool, (3, 2), dict(same=True)),
 ]
 
 
@@ -131,7 +133,9 @@ def test_every_pooling_module_has_a_functional_twin_with_its_signature():
              "max_unpool": MaxUnpool, "adaptive_avg_pool": AdaptiveAvgPool,
              "adaptive_max_pool": AdaptiveMaxPool, "global_avg_pool": GlobalAvgPool,
              "global_max_pool": GlobalMaxPool, "gem_pool": nnx_pool.GeMPool,
-             "lse_plus_pool": nnx_pool.LsePlusPool}
+             "lse_plus_pool": nnx_pool.LsePlusPool, "blur_pool": nnx_pool.BlurPool,
+             "median_pool": nnx_pool.MedianPool,
+             "fractional_max_pool": nnx_pool.FractionalMaxPool}
   assert sorted(F.__all__) == sorted(modules)
   for name, module in modules.items():
     ours = dict(inspect.signature(getattr(F, name)).parameters)
@@ -165,6 +169,10 @@ def _mirror(name, x):
     return reference.adaptive_max_pool(x, (4, 4))
   if name == "global_avg_pool":
     return reference.global_avg_pool(x)[:, None, None, :]
+  if name == "blur_pool":
+    return reference.blur_pool(x, (3, 3), (2, 2), "replicate")
+  if name == "median_pool":
+    return reference.median_pool(x, (3, 3), (2, 2), "SAME")[0]
   return reference.global_max_pool(x)
 
 
