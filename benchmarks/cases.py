@@ -152,6 +152,94 @@ def _attention_torch(torch, channels=2048, out=1024, heads=32):
 
   return head
 
+
+def _blur_flax(x):
+  """timm's BlurPool2d (3, stride 2, reflect) as a Flax user writes it: reflect padding
+  and a depthwise ``nnx.Conv`` holding the binomial filter."""
+  return _blur_conv(x.shape[-1])(jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), mode="reflect"))
+
+
+@functools.cache
+def _blur_conv(channels: int) -> nnx.Conv:
+  conv = nnx.Conv(channels, channels, (3, 3), strides=2, padding="VALID",
+                  feature_group_count=channels, use_bias=False, rngs=nnx.Rngs(0))
+  taps = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16
+  conv.kernel[...] = jnp.broadcast_to(jnp.asarray(taps, jnp.float32)[:, :, None, None],
+                                      (3, 3, 1, channels))
+  return conv
+
+
+def _blur_torch(torch):
+  """timm 1.0.31 ``BlurPool2d.forward``: ``F.pad`` (reflect) and a grouped conv."""
+  taps = torch.tensor([1.0, 2.0, 1.0])
+  filt = (taps[:, None] * taps[None, :] / 16)[None, None]
+
+  def blur(x):
+    weight = filt.to(x.device).expand(x.shape[1], 1, 3, 3)
+    return torch.nn.functional.conv2d(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"),
+                                      weight, stride=2, groups=x.shape[1])
+
+  return blur
+
+
+def _median_flax(x):
+  """timm's MedianPool2d (3x3, stride 1, reflect 1) as a Flax user writes it: the nine
+  shifted views stacked and ``jnp.median``."""
+  _, h, w, _ = x.shape
+  padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), mode="reflect")
+  views = [padded[:, i:i + h, j:j + w] for i in range(3) for j in range(3)]
+  return jnp.median(jnp.stack(views, axis=-1), axis=-1)
+
+
+def _median_torch(torch):
+  """timm 1.0.31 ``MedianPool2d.forward``: reflect padding, ``unfold`` twice, ``median``."""
+  def median(x):
+    x = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect").unfold(2, 3, 1).unfold(3, 3, 1)
+    return x.contiguous().view(x.size()[:4] + (-1,)).median(dim=-1)[0]
+
+  return median
+
+
+@functools.cache
+def _samples(n: int, c: int) -> np.ndarray:
+  """Fixed ``_random_samples`` for FractionalMaxPool, ``(N, C, 2)`` in [0, 1)."""
+  return np.random.default_rng(1).random((n, c, 2), dtype=np.float32)
+
+
+def _fractional_ours(out: int):
+  pool = nnx_pool.FractionalMaxPool(2, out)
+  return lambda x: pool(x, samples=jnp.asarray(_samples(x.shape[0], x.shape[-1])))
+
+
+def _fractional_flax(x, out=28, k=2):
+  """PyTorch's fractional max pooling as a Flax user writes it: each plane's interval
+  starts from its samples (``floor((i + u) a) - floor(u a)``, the last at ``L - k``),
+  then two gathers and a max over each ``k x k`` window."""
+  n, h, w, c = x.shape
+  u = jnp.asarray(_samples(n, c))
+
+  def starts(sample, length):
+    alpha = (length - k) / (out - 1)
+    i = jnp.arange(out, dtype=jnp.float32)
+    first = jnp.floor((i + sample[..., None]) * alpha) - jnp.floor(sample[..., None] * alpha)
+    return first.astype(jnp.int32).at[..., -1].set(length - k)
+
+  rows = (starts(u[..., 1], h)[..., None] + jnp.arange(k)).reshape(n, c, out * k, 1)
+  cols = (starts(u[..., 0], w)[..., None] + jnp.arange(k)).reshape(n, c, 1, out * k)
+  planes = jnp.take_along_axis(x.transpose(0, 3, 1, 2), rows, axis=2)
+  planes = jnp.take_along_axis(planes, cols, axis=3).reshape(n, c, out, k, out, k)
+  return planes.max(axis=(3, 5)).transpose(0, 2, 3, 1)
+
+
+def _fractional_torch(torch, out=28):
+  """PyTorch's own ``fractional_max_pool2d`` given the same ``_random_samples``."""
+  def pool(x):
+    samples = torch.from_numpy(_samples(x.shape[0], x.shape[1])).to(x.device)
+    return torch.nn.functional.fractional_max_pool2d(x, 2, output_size=out,
+                                                     _random_samples=samples)
+
+  return pool
+
 CASES = [
     Case(
         "MaxPool 3x3/2 pad 1",
@@ -221,6 +309,30 @@ CASES = [
                        lambda: _attention(16, 8, 4),
                        functools.partial(_attention_flax, channels=16, out=8, heads=4),
                        functools.partial(_attention_torch, channels=16, out=8, heads=4)),
+    ),
+    Case(
+        "BlurPool 3/2 reflect",
+        (8, 56, 56, 128),
+        lambda: nnx_pool.BlurPool(3, 2),
+        _blur_flax,
+        _blur_torch,
+    ),
+    Case(
+        "MedianPool 3x3/1 reflect 1",
+        (8, 56, 56, 64),
+        lambda: nnx_pool.MedianPool(3, 1, 1),
+        _median_flax,
+        _median_torch,
+    ),
+    Case(
+        "FractionalMaxPool 2x2 56->28",
+        (8, 56, 56, 64),
+        lambda: _fractional_ours(28),
+        _fractional_flax,
+        _fractional_torch,
+        tiny_case=Case("FractionalMaxPool 2x2 56->28", (1, 9, 9, 4), lambda: _fractional_ours(4),
+                       functools.partial(_fractional_flax, out=4),
+                       functools.partial(_fractional_torch, out=4)),
     ),
 ]
 
