@@ -14,8 +14,13 @@ rotating rounds, and prints the medians and the process's minor page faults per 
 * ``MALLOC_MMAP_THRESHOLD_=…``: a fixed threshold above the row's buffers (this also
   turns glibc's dynamic threshold off), so freed blocks stay on the heap;
 * ``MALLOC_TOP_PAD_=…``: extra memory kept at the top of the heap after a free;
+* ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` together: the fixed
+  threshold alone leaves glibc's 128 KiB trim threshold, so the top of the heap is
+  returned to the kernel after each call and faulted in again by the next;
 * ``jemalloc`` and ``tcmalloc``: Debian's ``libjemalloc2`` and
-  ``libtcmalloc-minimal4`` through ``LD_PRELOAD``, if installed.
+  ``libtcmalloc-minimal4`` through ``LD_PRELOAD``, if installed; and jemalloc with
+  its page decay off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``), which
+  otherwise hands freed pages back with ``madvise``.
 
 The benchmark itself (:mod:`benchmarks.solo`) runs on the default allocator.
 docs/benchmarks.md gives the advice for CPU users that these numbers support.
@@ -43,10 +48,15 @@ def settings() -> dict[str, dict[str, str]]:
   """Each setting's environment variables; a library not installed here is left out."""
   found = {"default": {},
            "MALLOC_MMAP_THRESHOLD_=1GiB": {"MALLOC_MMAP_THRESHOLD_": str(GIB)},
-           "MALLOC_TOP_PAD_=1GiB": {"MALLOC_TOP_PAD_": str(GIB)}}
+           "MALLOC_TOP_PAD_=1GiB": {"MALLOC_TOP_PAD_": str(GIB)},
+           "MMAP_THRESHOLD_+TRIM_THRESHOLD_=1GiB": {"MALLOC_MMAP_THRESHOLD_": str(GIB),
+                                                    "MALLOC_TRIM_THRESHOLD_": str(GIB)}}
   for name, path in LIBRARIES.items():
     if Path(path).exists():
       found[name] = {"LD_PRELOAD": path}
+  if Path(LIBRARIES["jemalloc"]).exists():  # freed pages kept, not returned by madvise
+    found["jemalloc, no decay"] = {"LD_PRELOAD": LIBRARIES["jemalloc"],
+                                   "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1"}
   return found
 
 
