@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool._args import flax_names
+from nnx_pool._args import flax_names, is_int
 from nnx_pool._geometry import as_tuple, spatial_dims
 from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
@@ -185,14 +186,15 @@ def binomial_blur(x: jax.Array, filter_size: tuple[int, ...], strides: tuple[int
 def _configure(filter_size, strides, pad_mode, num_spatial_dims, in_features):
   """Validated ``(filter_size, strides, pad_mode, in_features)``, one entry per spatial dim."""
   ndim = spatial_dims(num_spatial_dims, filter_size=filter_size, strides=strides)
-  sizes = as_tuple(filter_size, ndim, "filter_size")
-  if min(sizes) < 2:
+  entries = filter_size if isinstance(filter_size, Sequence) and not isinstance(
+      filter_size, str) else (filter_size,)
+  if all(is_int(k) for k in entries) and min(entries) < 2:  # before as_tuple's ">= 1"
     raise ValueError(
         f"`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; "
         f"timm asserts filt_size > 1); got {filter_size!r}. For a plain strided subsample "
         "use x[:, ::2, ::2] or MaxPool(1, 2).")
-  return (sizes, as_tuple(strides, ndim, "strides"), check_pad_mode(pad_mode),
-          check_in_features(in_features))
+  return (as_tuple(filter_size, ndim, "filter_size"), as_tuple(strides, ndim, "strides"),
+          check_pad_mode(pad_mode), check_in_features(in_features))
 
 
 def _blur(inputs, filter_size: tuple[int, ...], strides: tuple[int, ...], pad_mode: str,

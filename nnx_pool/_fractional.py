@@ -182,11 +182,14 @@ def _configure(window_shape, output_size, output_ratio, return_indices, num_spat
   """Validated ``(window, output_size or None, output_ratio or None, return_indices,
   in_features)``, one entry per spatial dim."""
   if (output_size is None) == (output_ratio is None):
-    given = "both" if output_size is not None else "neither"
+    if output_size is None:
+      got, fix = "neither", "Pass output_size=(out_h, out_w) or output_ratio=0.5."
+    else:
+      got = f"both, output_size={output_size!r} and output_ratio={output_ratio!r}"
+      fix = "Drop one of them."
     raise TypeError(
-        f"FractionalMaxPool takes one of `output_size` and `output_ratio`; got {given}. "
-        "Pass output_size=(out_h, out_w) or output_ratio=0.5, as PyTorch's "
-        "FractionalMaxPool2d.")
+        "`output_size` and `output_ratio` are alternatives: pass exactly one (as PyTorch's "
+        f"FractionalMaxPool2d); got {got}. {fix}")
   ndim = spatial_dims(num_spatial_dims, window_shape=window_shape, output_size=output_size,
                       output_ratio=output_ratio)
   window = as_tuple(window_shape, ndim, "window_shape")

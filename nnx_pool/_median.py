@@ -123,6 +123,10 @@ def _flat_pad_pairs(padding) -> tuple[tuple[int, int], ...] | None:
   return None
 
 
+# The padding forms MedianPool takes: the window pools' without their "VALID"/"SAME" strings.
+_PADDING_FORMS = "an int, a tuple of ints (one per spatial dim) or of (low, high) pairs"
+
+
 def _configure(window_shape, strides, padding, same, num_spatial_dims, in_features):
   """The validated window (its padding "VALID"), padding pairs, ``same`` and ``in_features``."""
   pairs = _flat_pad_pairs(padding)
@@ -134,14 +138,16 @@ def _configure(window_shape, strides, padding, same, num_spatial_dims, in_featur
         f"padding={pairs!r}.")
   if isinstance(padding, str):
     raise TypeError(
-        f"`padding` must be an int, a tuple of ints (one per spatial dim) or of (low, high) "
-        f"pairs; got {padding!r}. For TF-style 'SAME' padding pass same=True (timm's "
-        "`same`).")
+        f"`padding` must be {_PADDING_FORMS}; got {padding!r}. For TF-style 'SAME' padding "
+        "pass same=True (timm's `same`).")
   same = check_bool(same, "same")
   ndim = spatial_dims(num_spatial_dims, window_shape=window_shape, strides=strides,
                       padding=padding)
   window = Window.create(window_shape, strides, "VALID", num_spatial_dims=ndim)
-  pads = parse_padding(padding, ndim)
+  try:
+    pads = parse_padding(padding, ndim)
+  except TypeError:  # its message offers "VALID" and "SAME", which are refused above
+    raise TypeError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.") from None
   if same and any(lo or hi for lo, hi in pads):
     raise ValueError(
         f"`padding` {padding!r} and same=True disagree: same=True computes the padding "

@@ -192,6 +192,9 @@ def test_nchw_guard():
      "`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; timm "
      "asserts filt_size > 1); got 1. For a plain strided subsample use x[:, ::2, ::2] or "
      "MaxPool(1, 2)."),
+    (lambda: BlurPool((3, 0)), ValueError,  # the same answer below 1, not ">= 1"
+     "`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; timm "
+     "asserts filt_size > 1); got (3, 0)."),
     (lambda: BlurPool(pad_mode="zeros"), ValueError,
      "`pad_mode` must be one of 'reflect', 'constant', 'replicate', 'circular' (F.pad's "
      "modes); got 'zeros'."),

@@ -118,6 +118,20 @@ _POOL_TYPES = ("'token' (the first token, (N, out)), '' (the attended map withou
 _APSD = ("{'qkv.weight': np.zeros((24, 8)), 'qkv.bias': np.zeros(24), 'proj.weight': "
          "np.zeros((8, 8)), 'proj.bias': np.zeros(8), 'pos_embed': np.zeros((%d, 8))}")
 
+_BMF = "Blur, median and fractional max pooling"
+_FAMILY_POOLS = ("BlurPool", "MedianPool", "FractionalMaxPool")  # {M}(2, 3) builds each
+_PAD_MODES = "'reflect', 'constant', 'replicate', 'circular' (F.pad's modes)"
+_MEDIAN_PADDING = "an int, a tuple of ints (one per spatial dim) or of (low, high) pairs"
+_ONE_OF = ("`output_size` and `output_ratio` are alternatives: pass exactly one (as PyTorch's "
+           "FractionalMaxPool2d); got ")
+_RATIO = "a number or a tuple of numbers, one per spatial dim, each strictly between 0 and 1"
+_NEEDS_SAMPLES = ("{M} needs random samples, and there is no hidden global random state: pass "
+                  "samples=<array of shape (2, 3, 2) in [0, 1)> (PyTorch's _random_samples) or ")
+_S = "x(2, 3, 2)"  # FractionalMaxPool's samples for a (2, *spatial, 3) input in 2-D
+_REFLECT = ("{M}: reflect padding must be shorter than the dim it pads (PyTorch's F.pad rule: it "
+            "mirrors the dim without its edge); spatial dim 0 has length 2 and padding (2, 2). "
+            "Use an input at least 3 long there, or less padding.")
+
 _W, _G, _A, _U, _T, _F, _P = (
     "Window pools", "Global pools", "Adaptive pools", "Max unpooling", "Gates", "Gates: from_torch",
     "Functional twins (nnx_pool.functional)")
@@ -793,6 +807,200 @@ ROWS = (
        "np.zeros((8, 32)), 'mlp.fc2.bias': np.zeros(8)}, num_heads=2)", "ValueError",
        "AttentionPoolLatent.from_torch: `kv.weight` must stack k and v (E rows each) along its "
        "first axis, so a multiple of 2 rows; got shape (15, 8)."),
+    # ------------------------------------------- blur, median and fractional max pooling
+    _r(_BMF, _FAMILY_POOLS, "`num_spatial_dims` not 1, 2 or 3", "{M}(2, 3, num_spatial_dims=4)",
+       "ValueError", "`num_spatial_dims` must be 1, 2 or 3; got 4."),
+    _r(_BMF, _FAMILY_POOLS, "`in_features` below 1", "{M}(2, 3, in_features=0)", "ValueError",
+       "`in_features` must be a positive int or None; got 0."),
+    _r(_BMF, _FAMILY_POOLS, "`in_features` a float", "{M}(2, 3, in_features=3.0)", "TypeError",
+       "`in_features` must be a positive int or None; got 3.0."),
+    _r(_BMF, _FAMILY_POOLS, "`inputs` of the wrong rank", "{M}(2, 3)(x(6, 6))", "ValueError",
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
+    _r(_BMF, _FAMILY_POOLS, "`inputs` channels-first", "{M}(2, 3, in_features=3)(x(2, 3, 16, 16))",
+       "ValueError",
+       "{M}: `inputs` must be channels-last with in_features=3 on the last axis; got shape "
+       "(2, 3, 16, 16). It looks channels-first (NCHW: 3 on axis 1); use jnp.moveaxis(x, 1, -1)."),
+    _r(_BMF, _FAMILY_POOLS, "`inputs` with other channels",
+       "{M}(2, 3, in_features=3)(x(1, 6, 6, 4))", "ValueError",
+       "{M}: `inputs` must be channels-last with in_features=3 on the last axis; got shape "
+       "(1, 6, 6, 4)."),
+    _r(_BMF, _FAMILY_POOLS, "a spatial dim of size 0", "{M}(2, 3)(x(1, 0, 4, 1))", "ValueError",
+       "{M}: `inputs` " + _empty(1)),
+    _r(_BMF, _FAMILY_POOLS, "`inputs` bool", "{M}(2, 3)(x(1, 6, 6, 1, dtype=bool))", "TypeError",
+       "{M}: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
+    _r(_BMF, _FAMILY_POOLS, "`inputs` complex", "{M}(2, 3)(x(1, 6, 6, 1, dtype=jnp.complex64))",
+       "TypeError",
+       "{M}: `inputs` has complex dtype complex64, which has no order; pool the real and "
+       "imaginary parts separately."),
+    _r(_BMF, ("BlurPool", "FractionalMaxPool"), "`inputs` integer",
+       "{M}(2, 3)(x(1, 6, 6, 1, dtype=jnp.int32))", "TypeError",
+       "{M}: `inputs` has dtype int32, but this pooling needs a floating dtype; cast it first, "
+       "e.g. x.astype(jnp.float32)."),
+    _r(_BMF, _FAMILY_POOLS, "`inputs` not an array", "{M}(2, 3)('x')", "TypeError",
+       "`inputs` must be an array; got str."),
+    _r(_BMF, ("BlurPool", "MedianPool"), "PyTorch's `stride`", "{M}(3, stride=2)", "TypeError",
+       "{M} takes `strides` (Flax's name), not `stride` (PyTorch's): write strides=... instead."),
+    _r(_BMF, ("MedianPool", "FractionalMaxPool"), "PyTorch's `kernel_size`",
+       "{M}(kernel_size=2)", "TypeError",
+       "{M} takes `window_shape` (Flax's name), not `kernel_size` (PyTorch's): write "
+       "window_shape=... instead."),
+    _r(_BMF, ("BlurPool", "MedianPool"), "`strides` below 1", "{M}(3, 0)", "ValueError",
+       "`strides` entries must be >= 1; got 0."),
+    _r(_BMF, ("BlurPool", "MedianPool"), "`strides` a float", "{M}(3, 1.5)", "TypeError",
+       "`strides` must be an int or a tuple of ints; got 1.5."),
+    _r(_BMF, "BlurPool", "`filter_size` below 2", "BlurPool(1)", "ValueError",
+       "`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; timm "
+       "asserts filt_size > 1); got 1. For a plain strided subsample use x[:, ::2, ::2] or "
+       "MaxPool(1, 2)."),
+    _r(_BMF, "BlurPool", "`filter_size` with an entry below 2", "BlurPool((3, 0))", "ValueError",
+       "`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; timm "
+       "asserts filt_size > 1); got (3, 0). For a plain strided subsample use x[:, ::2, ::2] or "
+       "MaxPool(1, 2)."),
+    _r(_BMF, "BlurPool", "`filter_size` a float", "BlurPool(3.0)", "TypeError",
+       "`filter_size` must be an int or a tuple of ints; got 3.0."),
+    _r(_BMF, "BlurPool", "`filter_size` with 4 entries", "BlurPool((3, 3, 3, 3))", "ValueError",
+       "`filter_size` must have 1, 2 or 3 entries (one per spatial dim); got (3, 3, 3, 3)."),
+    _r(_BMF, "BlurPool", "`strides` of the wrong length", "BlurPool((3, 3), (2, 2, 2))",
+       "ValueError",
+       f"`strides` (2, 2, 2) has 3 entries, but `filter_size` (3, 3) sets 2 spatial dim(s); "
+       f"{_AGREE}"),
+    _r(_BMF, "BlurPool", "`pad_mode` not one of F.pad's", "BlurPool(pad_mode='zeros')",
+       "ValueError", f"`pad_mode` must be one of {_PAD_MODES}; got 'zeros'."),
+    _r(_BMF, "BlurPool", "`pad_mode` not a string", "BlurPool(pad_mode=None)", "ValueError",
+       f"`pad_mode` must be one of {_PAD_MODES}; got None."),
+    _r(_BMF, "BlurPool", "timm's positional `channels` first", "BlurPool(64, 3, 2)", "TypeError",
+       "BlurPool got 3 positional arguments, at most 2; BlurPool takes (filter_size, strides, "
+       "*, pad_mode, in_features, num_spatial_dims)."),
+    _r(_BMF, "BlurPool", "timm's `channels`", "BlurPool(channels=8)", "TypeError",
+       "BlurPool takes `in_features` (Flax's name), not `channels` (timm's): write "
+       "in_features=... instead."),
+    _r(_BMF, "BlurPool", "reflect padding as long as the dim", "BlurPool(5, 2)(x(1, 2, 8, 1))",
+       "ValueError", _REFLECT),
+    _r(_BMF, "BlurPool", "circular padding longer than the dim",
+       "BlurPool(5, 3, pad_mode='circular')(x(1, 8, 2, 1))", "ValueError",
+       "BlurPool: circular padding must be at most the length of the dim it pads (PyTorch's "
+       "F.pad rule: it would wrap around more than once); spatial dim 1 has length 2 and "
+       "padding (3, 3). Use an input at least 3 long there, or less padding."),
+    _r(_BMF, "BlurPool", "a filter longer than the padded input",
+       "BlurPool(4, 1, pad_mode='constant')(x(1, 1, 8, 1))", "ValueError",
+       "BlurPool: filter_size 4 does not fit spatial dim 0 of length 1 padded by (1, 1) "
+       "(timm's get_padding); use an input at least 2 long there, or a smaller filter."),
+    _r(_BMF, "MedianPool", "`window_shape` below 1", "MedianPool(0)", "ValueError",
+       "`window_shape` entries must be >= 1; got 0."),
+    _r(_BMF, "MedianPool", "`window_shape` a float", "MedianPool(3.0)", "TypeError",
+       "`window_shape` must be an int or a tuple of ints; got 3.0."),
+    _r(_BMF, "MedianPool", "`strides` of the wrong length", "MedianPool((3, 3), (1, 1, 1))",
+       "ValueError",
+       f"`strides` (1, 1, 1) has 3 entries, but `window_shape` (3, 3) sets 2 spatial dim(s); "
+       f"{_AGREE}"),
+    _r(_BMF, "MedianPool", "`padding` in F.pad's flat order (timm's 4-tuple)",
+       "MedianPool(3, 1, (1, 1, 2, 2))", "ValueError",
+       "`padding` (1, 1, 2, 2) reads as F.pad's flat (left, right, top, bottom[, front, back]) "
+       "order, timm's MedianPool2d form; here padding is an int, one int per spatial dim or one "
+       "(low, high) pair per spatial dim, first dim first: write padding=((2, 2), (1, 1))."),
+    _r(_BMF, "MedianPool", "`padding` a string", "MedianPool(3, padding='SAME')", "TypeError",
+       f"`padding` must be {_MEDIAN_PADDING}; got 'SAME'. For TF-style 'SAME' padding pass "
+       "same=True (timm's `same`)."),
+    _r(_BMF, "MedianPool", "`padding` a float", "MedianPool(3, padding=1.0)", "TypeError",
+       f"`padding` must be {_MEDIAN_PADDING}; got 1.0."),
+    _r(_BMF, "MedianPool", "`padding` with triples", "MedianPool(3, padding=((1, 1, 1), (0, 0)))",
+       "TypeError", f"`padding` must be {_MEDIAN_PADDING}; got ((1, 1, 1), (0, 0))."),
+    _r(_BMF, "MedianPool", "`padding` negative", "MedianPool(3, padding=-1)", "ValueError",
+       "`padding` must be non-negative; got -1."),
+    _r(_BMF, "MedianPool", "`padding` with `same=True`", "MedianPool(3, 1, 1, same=True)",
+       "ValueError",
+       "`padding` 1 and same=True disagree: same=True computes the padding (TF's 'SAME' rule), "
+       "and timm's MedianPool2d then ignores `padding`. Pass one: padding=0 with same=True, or "
+       "same=False."),
+    _r(_BMF, "MedianPool", "`same` not a bool", "MedianPool(3, same=1)", "TypeError",
+       "`same` must be a bool; got 1."),
+    _r(_BMF, "MedianPool", "timm's positional `same`", "MedianPool(3, 1, 0, True)", "TypeError",
+       "MedianPool got 4 positional arguments, at most 3; MedianPool takes (window_shape, "
+       "strides, padding, *, same, in_features, num_spatial_dims)."),
+    _r(_BMF, "MedianPool", "reflect padding as long as the dim",
+       "MedianPool(3, 1, 2)(x(1, 2, 8, 1))", "ValueError", _REFLECT),
+    _r(_BMF, "MedianPool", "a window longer than the padded input",
+       "MedianPool(3)(x(1, 2, 8, 1))", "ValueError",
+       "MedianPool: window 3 does not fit spatial dim 0 of length 2 padded by (0, 0); PyTorch's "
+       "unfold keeps whole windows only. Use a window of at most 2 there, more padding (less "
+       "than 2 on a side), or same=True."),
+    _r(_BMF, "FractionalMaxPool", "neither `output_size` nor `output_ratio`",
+       "FractionalMaxPool(2)", "TypeError",
+       _ONE_OF + "neither. Pass output_size=(out_h, out_w) or output_ratio=0.5."),
+    _r(_BMF, "FractionalMaxPool", "both `output_size` and `output_ratio`",
+       "FractionalMaxPool(2, 3, output_ratio=0.5)", "TypeError",
+       _ONE_OF + "both, output_size=3 and output_ratio=0.5. Drop one of them."),
+    _r(_BMF, "FractionalMaxPool", "`output_ratio` 1 or more",
+       "FractionalMaxPool(2, output_ratio=1.0)", "ValueError",
+       f"`output_ratio` must be {_RATIO} (PyTorch's range); got 1.0. For an output as large as "
+       "the input, pool with output_size instead."),
+    _r(_BMF, "FractionalMaxPool", "`output_ratio` 0 or less",
+       "FractionalMaxPool(2, output_ratio=(0.5, 0.0))", "ValueError",
+       f"`output_ratio` must be {_RATIO} (PyTorch's range); got (0.5, 0.0). For an output as "
+       "large as the input, pool with output_size instead."),
+    _r(_BMF, "FractionalMaxPool", "`output_ratio` a string",
+       "FractionalMaxPool(2, output_ratio='0.5')", "TypeError",
+       f"`output_ratio` must be {_RATIO}; got '0.5'."),
+    _r(_BMF, "FractionalMaxPool", "`output_ratio` a bool",
+       "FractionalMaxPool(2, output_ratio=True)", "TypeError",
+       f"`output_ratio` must be {_RATIO}; got True."),
+    _r(_BMF, "FractionalMaxPool", "`output_ratio` with 4 entries",
+       "FractionalMaxPool(2, output_ratio=(0.5, 0.5, 0.5, 0.5))", "ValueError",
+       "`output_ratio` must have 1, 2 or 3 entries (one per spatial dim); got "
+       "(0.5, 0.5, 0.5, 0.5)."),
+    _r(_BMF, "FractionalMaxPool", "`output_size` below 1", "FractionalMaxPool(2, 0)",
+       "ValueError", "`output_size` entries must be >= 1; got 0."),
+    _r(_BMF, "FractionalMaxPool", "`output_size` of the wrong length",
+       "FractionalMaxPool((2, 2), (3, 3, 3))", "ValueError",
+       f"`output_size` (3, 3, 3) has 3 entries, but `window_shape` (2, 2) sets 2 spatial dim(s); "
+       f"{_AGREE}"),
+    _r(_BMF, "FractionalMaxPool", "`window_shape` below 1", "FractionalMaxPool(0, 3)",
+       "ValueError", "`window_shape` entries must be >= 1; got 0."),
+    _r(_BMF, "FractionalMaxPool", "`return_indices` not a bool",
+       "FractionalMaxPool(2, 3, return_indices=1)", "TypeError",
+       "`return_indices` must be a bool; got 1."),
+    _r(_BMF, "FractionalMaxPool", "a window and output size that do not fit",
+       f"FractionalMaxPool(3, 5)(x(2, 6, 6, 3), samples={_S})", "ValueError",
+       "FractionalMaxPool: window 3 with 5 outputs does not fit spatial dim 0 of length 6: "
+       "PyTorch needs window + out - 1 <= length, here 7. Use a smaller window_shape or fewer "
+       "outputs (output_size, output_ratio)."),
+    _r(_BMF, "FractionalMaxPool", "`output_ratio` giving no output",
+       f"FractionalMaxPool(2, output_ratio=0.1)(x(2, 6, 6, 3), samples={_S})", "ValueError",
+       "FractionalMaxPool: output_ratio 0.1 of spatial dim 0 of length 6 gives int(6 * 0.1) = 0 "
+       "outputs; use a larger ratio or output_size."),
+    _r(_BMF, "FractionalMaxPool", "neither `samples` nor `rngs`",
+       "FractionalMaxPool(2, 3)(x(2, 6, 6, 3))", "TypeError",
+       _NEEDS_SAMPLES + "rngs=nnx.Rngs(dropout=0) (its 'dropout' stream, or 'default')."),
+    _r(_BMF, "FractionalMaxPool", "both `samples` and `rngs`",
+       f"FractionalMaxPool(2, 3)(x(2, 6, 6, 3), samples={_S}, rngs=rngs)", "TypeError",
+       "FractionalMaxPool: pass `samples` or `rngs`, not both."),
+    _r(_BMF, "FractionalMaxPool", "`samples` of the wrong shape",
+       "FractionalMaxPool(2, 3)(x(2, 6, 6, 3), samples=x(2, 3, 1))", "ValueError",
+       "FractionalMaxPool: `samples` must have shape (2, 3, 2) (the input's batch axes, its 3 "
+       "channels, one sample per spatial dim); got (2, 3, 1)."),
+    _r(_BMF, "FractionalMaxPool", "`samples` of the wrong shape (unbatched input)",
+       "FractionalMaxPool(2, 3)(x(6, 6, 3), samples=x(2, 3, 2))", "ValueError",
+       "FractionalMaxPool: `samples` must have shape (3, 2) or (1, 3, 2) (the input's batch "
+       "axes, its 3 channels, one sample per spatial dim); got (2, 3, 2)."),
+    _r(_BMF, "FractionalMaxPool", "`samples` integer",
+       "FractionalMaxPool(2, 3)(x(2, 6, 6, 3), samples=idx(2, 3, 2))", "TypeError",
+       "FractionalMaxPool: `samples` must be floating (PyTorch's torch.rand draws, in [0, 1)); "
+       "got dtype int32."),
+    _r(_BMF, "FractionalMaxPool", "`samples` not an array",
+       "FractionalMaxPool(2, 3)(x(2, 6, 6, 3), samples='s')", "TypeError",
+       "`samples` must be an array; got str."),
+    _r(_BMF, "FractionalMaxPool", "`rngs` without a dropout or default stream",
+       "FractionalMaxPool(2, 3)(x(2, 6, 6, 3), rngs=nnx.Rngs(params=0))", "ValueError",
+       "FractionalMaxPool: `rngs` has no 'dropout' stream and no 'default' one to fall back on; "
+       "build it as nnx.Rngs(dropout=0) or nnx.Rngs(0), or pass the stream to use, e.g. "
+       "rngs=rngs.params."),
+    _r(_BMF, "FractionalMaxPool", "`rngs` an int seed",
+       "FractionalMaxPool(2, 3)(x(2, 6, 6, 3), rngs=0)", "TypeError",
+       "FractionalMaxPool: `rngs` must be an nnx.Rngs, an nnx.RngStream or a JAX key; got int."),
+    _r(_BMF, "FractionalMaxPool", "a plane past int32 indices",
+       "jax.eval_shape(lambda a: FractionalMaxPool(2, 3)(a, samples=x(1, 1, 2)), "
+       "spec(1, 65536, 65536, 1))", "ValueError", f"FractionalMaxPool: {_BIG}"),
     # ------------------------------------------------------------ functional twins
     _r(_P, ("avg_pool", "max_pool", "min_pool"), "`inputs` of the wrong rank",
        "functional.{M}(x(6, 6), 2, 2)", "ValueError",
@@ -832,6 +1040,35 @@ ROWS = (
        "got an array of shape (1,) and dtype int32."),
     _r(_P, ("gem_pool", "lse_plus_pool"), "a spatial dim of size 0",
        "functional.{M}(x(1, 0, 4, 1))", "ValueError", "{M}: `inputs` " + _empty(1)),
+    _r(_P, ("blur_pool", "median_pool", "fractional_max_pool"), "`inputs` of the wrong rank",
+       "functional.{M}(x(6, 6), 2, 3)", "ValueError",
+       "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
+       "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
+    _r(_P, "blur_pool", "reflect padding as long as the dim",
+       "functional.blur_pool(x(1, 2, 8, 1), 5, 2)", "ValueError",
+       _REFLECT.replace("{M}", "blur_pool")),
+    _r(_P, "median_pool", "`padding` with `same=True`",
+       "functional.median_pool(x(1, 4, 4, 1), 3, 1, 1, same=True)", "ValueError",
+       "`padding` 1 and same=True disagree: same=True computes the padding (TF's 'SAME' rule), "
+       "and timm's MedianPool2d then ignores `padding`. Pass one: padding=0 with same=True, or "
+       "same=False."),
+    _r(_P, "fractional_max_pool", "neither `output_size` nor `output_ratio`",
+       "functional.fractional_max_pool(x(2, 6, 6, 3), 2)", "TypeError",
+       _ONE_OF + "neither. Pass output_size=(out_h, out_w) or output_ratio=0.5."),
+    _r(_P, "fractional_max_pool", "neither `samples` nor `key`",
+       "functional.fractional_max_pool(x(2, 6, 6, 3), 2, 3)", "TypeError",
+       _NEEDS_SAMPLES + "key=jax.random.key(0)."),
+    _r(_P, "fractional_max_pool", "both `samples` and `key`",
+       f"functional.fractional_max_pool(x(2, 6, 6, 3), 2, 3, samples={_S}, "
+       "key=jax.random.key(0))", "TypeError",
+       "fractional_max_pool: pass `samples` or `key`, not both."),
+    _r(_P, "fractional_max_pool", "`key` an int seed",
+       "functional.fractional_max_pool(x(2, 6, 6, 3), 2, 3, key=0)", "TypeError",
+       "fractional_max_pool: `key` must be a JAX key such as jax.random.key(0); got int."),
+    _r(_P, "fractional_max_pool", "`samples` of the wrong shape",
+       "functional.fractional_max_pool(x(2, 6, 6, 3), 2, 3, samples=x(2, 3))", "ValueError",
+       "fractional_max_pool: `samples` must have shape (2, 3, 2) (the input's batch axes, its 3 "
+       "channels, one sample per spatial dim); got (2, 3)."),
 )
 
 

@@ -271,10 +271,12 @@ def test_nchw_guard():
 
 @pytest.mark.parametrize(("build", "error", "message"), [
     (lambda: FractionalMaxPool(2), TypeError,
-     "FractionalMaxPool takes one of `output_size` and `output_ratio`; got neither. Pass "
-     "output_size=(out_h, out_w) or output_ratio=0.5, as PyTorch's FractionalMaxPool2d."),
+     "`output_size` and `output_ratio` are alternatives: pass exactly one (as PyTorch's "
+     "FractionalMaxPool2d); got neither. Pass output_size=(out_h, out_w) or "
+     "output_ratio=0.5."),
     (lambda: FractionalMaxPool(2, 3, output_ratio=0.5), TypeError,
-     "FractionalMaxPool takes one of `output_size` and `output_ratio`; got both."),
+     "`output_size` and `output_ratio` are alternatives: pass exactly one (as PyTorch's "
+     "FractionalMaxPool2d); got both, output_size=3 and output_ratio=0.5. Drop one of them."),
     (lambda: FractionalMaxPool(2, output_ratio=1.0), ValueError,
      "`output_ratio` must be a number or a tuple of numbers, one per spatial dim, each "
      "strictly between 0 and 1 (PyTorch's range); got 1.0. For an output as large as the "

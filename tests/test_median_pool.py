@@ -210,6 +210,9 @@ def test_nchw_guard():
     (lambda: MedianPool(3, padding="SAME"), TypeError,
      "`padding` must be an int, a tuple of ints (one per spatial dim) or of (low, high) pairs; "
      "got 'SAME'. For TF-style 'SAME' padding pass same=True (timm's `same`)."),
+    (lambda: MedianPool(3, padding=1.0), TypeError,  # without the strings MedianPool refuses
+     "`padding` must be an int, a tuple of ints (one per spatial dim) or of (low, high) pairs; "
+     "got 1.0."),
     (lambda: MedianPool(3, 1, 1, same=True), ValueError,
      "`padding` 1 and same=True disagree: same=True computes the padding (TF's 'SAME' rule), "
      "and timm's MedianPool2d then ignores `padding`. Pass one: padding=0 with same=True, or "
