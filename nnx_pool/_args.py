@@ -94,6 +94,8 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
     "r_learnable": ("learnable", "nnx-pool's", "timm's"),
     "output_dim": ("out_features", "Flax's", "open_clip's"),
     "spacial_dim": ("feat_size", "nnx-pool's", "open_clip's"),
+    "filt_size": ("filter_size", "nnx-pool's", "timm's"),
+    "_random_samples": ("samples", "nnx-pool's", "PyTorch's"),
 }
 
 
@@ -102,9 +104,11 @@ def flax_names(fn: Callable) -> Callable:
 
   A peer's name for one of ``fn``'s arguments (:data:`PEER_NAMES`) is a TypeError
   naming the one to use: "MaxPool takes `strides` (Flax's name), not `stride`
-  (PyTorch's)". Any other unknown keyword, or too many positional arguments, is a
-  TypeError that names the public class or function (not a private base class)
-  and lists what it takes. Correct calls pay one set difference.
+  (PyTorch's)". A peer's constructor argument that a module takes per call instead
+  (a keyword-only argument of its ``__call__``, such as PyTorch's ``_random_samples``)
+  is answered with the call to write. Any other unknown keyword, or too many
+  positional arguments, is a TypeError that names the public class or function (not
+  a private base class) and lists what it takes. Correct calls pay one set difference.
   """
   parameters = inspect.signature(fn).parameters
   names = frozenset(parameters)
@@ -121,22 +125,38 @@ def flax_names(fn: Callable) -> Callable:
     too_many = len(args) - is_method > len(positional)
     if unknown or too_many:
       owner = type(args[0]).__name__ if is_method else fn.__name__
-      _refuse(owner, sorted(unknown), len(args) - is_method, positional, keyword)
+      called = _call_keywords(type(args[0])) if is_method else ()
+      _refuse(owner, sorted(unknown), len(args) - is_method, positional, keyword, called)
     return fn(*args, **kwargs)
 
   return wrapper
 
 
+def _call_keywords(cls: type) -> tuple[str, ...]:
+  """The keyword-only arguments of ``cls.__call__``: what a module takes per call."""
+  try:
+    parameters = inspect.signature(cls.__call__).parameters.values()
+  except (TypeError, ValueError):  # no __call__ of its own, or one without a signature
+    return ()
+  return tuple(p.name for p in parameters if p.kind == p.KEYWORD_ONLY)
+
+
 def _refuse(owner: str, unknown: list[str], given: int, positional: list[str],
-            keyword: list[str]) -> None:
+            keyword: list[str], called: tuple[str, ...] = ()) -> None:
   takes = f"{owner} takes ({', '.join(positional)}" + (
       f", *, {', '.join(keyword)})" if keyword else ")")
   for name in unknown:
-    if name in PEER_NAMES and PEER_NAMES[name][0] in (*positional, *keyword):
-      ours, our_kind, their_kind = PEER_NAMES[name]
+    if name not in PEER_NAMES:
+      continue
+    ours, our_kind, their_kind = PEER_NAMES[name]
+    if ours in (*positional, *keyword):
       raise TypeError(
           f"{owner} takes `{ours}` ({our_kind} name), not `{name}` ({their_kind}): "
           f"write {ours}=... instead.")
+    if ours in called:
+      raise TypeError(
+          f"{owner} takes `{ours}` ({our_kind} name) when called, not `{name}` "
+          f"({their_kind}) when built: write {owner}(...)(inputs, {ours}=...) instead.")
   if unknown:
     raise TypeError(f"{owner} got an unexpected keyword argument `{unknown[0]}`; {takes}.")
   raise TypeError(

@@ -20,13 +20,16 @@ from nnx_pool import (
   AdaptiveAvgPool,
   AdaptiveMaxPool,
   AvgPool,
+  BlurPool,
   EffectiveSqueezeExcitation,
   EfficientChannelAttention,
+  FractionalMaxPool,
   GlobalAvgPool,
   GlobalMaxPool,
   LPPool,
   MaxPool,
   MaxUnpool,
+  MedianPool,
   MinPool,
   SelectAdaptivePool,
   SqueezeExcitation,
@@ -91,6 +94,22 @@ CASES = [
     (lambda: CBAM(8, mlp_bias=True, rngs=RNGS), "CBAM", "use_bias", "mlp_bias", "timm's"),
     (lambda: CBAM(8, act_layer=nnx.relu, rngs=RNGS), "CBAM", "activation", "act_layer",
      "timm's"),
+    # timm 1.0.31 BlurPool2d(channels, filt_size, stride, pad_mode) and MedianPool2d(kernel_size,
+    # stride, padding, same); PyTorch 2.13 FractionalMaxPool2d(kernel_size, output_size,
+    # output_ratio, return_indices, _random_samples) and F.fractional_max_pool2d likewise.
+    (lambda: BlurPool(filt_size=5), "BlurPool", "filter_size", "filt_size", "timm's"),
+    (lambda: BlurPool(3, stride=2), "BlurPool", "strides", "stride", "PyTorch's"),
+    (lambda: BlurPool(channels=8), "BlurPool", "in_features", "channels", "timm's"),
+    (lambda: F.blur_pool(X, filt_size=3), "blur_pool", "filter_size", "filt_size", "timm's"),
+    (lambda: MedianPool(kernel_size=3), "MedianPool", "window_shape", "kernel_size",
+     "PyTorch's"),
+    (lambda: MedianPool(3, stride=1), "MedianPool", "strides", "stride", "PyTorch's"),
+    (lambda: F.median_pool(X, kernel_size=3), "median_pool", "window_shape", "kernel_size",
+     "PyTorch's"),
+    (lambda: FractionalMaxPool(kernel_size=2, output_size=3), "FractionalMaxPool",
+     "window_shape", "kernel_size", "PyTorch's"),
+    (lambda: F.fractional_max_pool(X, 2, 2, _random_samples=jnp.zeros((1, 1, 2))),
+     "fractional_max_pool", "samples", "_random_samples", "PyTorch's"),
 ]
 
 
@@ -102,6 +121,16 @@ def test_a_peers_name_is_answered_with_ours(call, owner, ours, theirs, whose):
   assert str(info.value) == (
       f"{owner} takes `{ours}` ({PEER_NAMES[theirs][1]} name), not `{theirs}` ({whose}): "
       f"write {ours}=... instead.")
+
+
+def test_a_peers_constructor_argument_taken_per_call_is_answered_with_the_call():
+  # PyTorch's FractionalMaxPool2d(2, output_size=3, _random_samples=s) keeps its samples; ours
+  # takes them in each call (its __call__'s keyword-only `samples`).
+  with pytest.raises(TypeError) as info:
+    FractionalMaxPool(2, 3, _random_samples=jnp.zeros((1, 1, 2)))
+  assert str(info.value) == (
+      "FractionalMaxPool takes `samples` (nnx-pool's name) when called, not `_random_samples` "
+      "(PyTorch's) when built: write FractionalMaxPool(...)(inputs, samples=...) instead.")
 
 
 def test_the_issues_example_message():

@@ -875,6 +875,9 @@ ROWS = (
     _r(_BMF, "BlurPool", "timm's `channels`", "BlurPool(channels=8)", "TypeError",
        "BlurPool takes `in_features` (Flax's name), not `channels` (timm's): write "
        "in_features=... instead."),
+    _r(_BMF, "BlurPool", "timm's `filt_size`", "BlurPool(filt_size=5)", "TypeError",
+       "BlurPool takes `filter_size` (nnx-pool's name), not `filt_size` (timm's): write "
+       "filter_size=... instead."),
     _r(_BMF, "BlurPool", "reflect padding as long as the dim", "BlurPool(5, 2)(x(1, 2, 8, 1))",
        "ValueError", _REFLECT),
     _r(_BMF, "BlurPool", "circular padding longer than the dim",
@@ -960,6 +963,10 @@ ROWS = (
     _r(_BMF, "FractionalMaxPool", "`return_indices` not a bool",
        "FractionalMaxPool(2, 3, return_indices=1)", "TypeError",
        "`return_indices` must be a bool; got 1."),
+    _r(_BMF, "FractionalMaxPool", "PyTorch's `_random_samples` when built",
+       "FractionalMaxPool(2, 3, _random_samples=x(1, 1, 2))", "TypeError",
+       "FractionalMaxPool takes `samples` (nnx-pool's name) when called, not `_random_samples` "
+       "(PyTorch's) when built: write FractionalMaxPool(...)(inputs, samples=...) instead."),
     _r(_BMF, "FractionalMaxPool", "a window and output size that do not fit",
        f"FractionalMaxPool(3, 5)(x(2, 6, 6, 3), samples={_S})", "ValueError",
        "FractionalMaxPool: window 3 with 5 outputs does not fit spatial dim 0 of length 6: "
@@ -1044,6 +1051,10 @@ ROWS = (
        "functional.{M}(x(6, 6), 2, 3)", "ValueError",
        "{M}: `inputs` must be channels-last (*batch, *spatial, C) with 2 spatial "
        "dim(s), so rank 3 or more; got shape (6, 6) (rank 2)." + _RANK_HINT),
+    _r(_P, "blur_pool", "timm's `filt_size`", "functional.blur_pool(x(1, 4, 4, 1), filt_size=3)",
+       "TypeError",
+       "blur_pool takes `filter_size` (nnx-pool's name), not `filt_size` (timm's): write "
+       "filter_size=... instead."),
     _r(_P, "blur_pool", "reflect padding as long as the dim",
        "functional.blur_pool(x(1, 2, 8, 1), 5, 2)", "ValueError",
        _REFLECT.replace("{M}", "blur_pool")),
@@ -1062,6 +1073,11 @@ ROWS = (
        f"functional.fractional_max_pool(x(2, 6, 6, 3), 2, 3, samples={_S}, "
        "key=jax.random.key(0))", "TypeError",
        "fractional_max_pool: pass `samples` or `key`, not both."),
+    _r(_P, "fractional_max_pool", "PyTorch's `_random_samples`",
+       f"functional.fractional_max_pool(x(2, 6, 6, 3), 2, 3, _random_samples={_S})",
+       "TypeError",
+       "fractional_max_pool takes `samples` (nnx-pool's name), not `_random_samples` "
+       "(PyTorch's): write samples=... instead."),
     _r(_P, "fractional_max_pool", "`key` an int seed",
        "functional.fractional_max_pool(x(2, 6, 6, 3), 2, 3, key=0)", "TypeError",
        "fractional_max_pool: `key` must be a JAX key such as jax.random.key(0); got int."),
