@@ -77,12 +77,13 @@ docs-screenshots:
 	NNX_POOL_SITE_SHOTS=docs $(BIN)/python -m pytest -m site tests/test_site.py -n 0 -k signature
 
 # pyright (basic mode, [tool.pyright] in pyproject.toml) over nnx_pool/ and regression/ as
-# installed (copied to build/typecheck), then a user's file through the public API
-# (tests/test_types.py, marked `typecheck`).
+# installed (copied to build/typecheck), a warning failing it as an error does; then a user's
+# files through the public API, correct use and misuses (tests/test_types.py, marked
+# `typecheck`).
 typecheck:
 	$(MAKE) $(VENV)/.installed-test-typecheck EXTRAS=test,typecheck
 	$(BIN)/python docs/site_src/installed_layout.py build/typecheck
-	$(BIN)/pyright --pythonpath $(BIN)/python
+	$(BIN)/pyright --warnings --pythonpath $(BIN)/python
 	$(BIN)/python -m pytest -m typecheck tests/test_types.py -n 0 $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -63,7 +63,8 @@ _WHERE = {
 # Public submodules, also loaded on first use: the functional twins and the NumPy mirror.
 _SUBMODULES = ("functional", "reference")
 
-__all__ = sorted([*_WHERE, *_SUBMODULES])
+# Type checkers read __all__ from __init__.pyi, which spells it out.
+__all__ = sorted([*_WHERE, *_SUBMODULES])  # pyright: ignore[reportUnsupportedDunderAll]
 
 
 def __getattr__(name: str) -> Any:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,7 @@ from flax import nnx
 
 from nnx_pool._adjoint import bins_select
 from nnx_pool._args import check_bool, check_num_spatial_dims, flax_names, is_int
-from nnx_pool._geometry import adaptive_bins, adaptive_window, spatial_dims
+from nnx_pool._geometry import OutputSizeLike, adaptive_bins, adaptive_window, spatial_dims
 from nnx_pool._jit import kernel
 from nnx_pool._layout import (
   DtypeKind,
@@ -180,7 +181,7 @@ def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_f
 
 
 @flax_names
-def global_avg_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False,
+def global_avg_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
   """The function form of :class:`GlobalAvgPool`, with the same arguments and checks."""
   return _global(inputs, "float", check_num_spatial_dims(num_spatial_dims),
@@ -189,7 +190,7 @@ def global_avg_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False
 
 
 @flax_names
-def global_max_pool(inputs, *, num_spatial_dims: int = 2, keepdims: bool = False,
+def global_max_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
   """The function form of :class:`GlobalMaxPool`, with the same arguments and checks."""
   return _global(inputs, "ordered", check_num_spatial_dims(num_spatial_dims),
@@ -221,7 +222,8 @@ def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, 
 
 
 @flax_names
-def adaptive_avg_pool(inputs, output_size, *, num_spatial_dims: int | None = None,
+def adaptive_avg_pool(inputs: jax.Array, output_size: OutputSizeLike, *,
+                      num_spatial_dims: int | None = None,
                       in_features: int | None = None) -> jax.Array:
   """The function form of :class:`AdaptiveAvgPool`, with the same arguments and checks.
 
@@ -236,9 +238,24 @@ def adaptive_avg_pool(inputs, output_size, *, num_spatial_dims: int | None = Non
                    check_in_features(in_features), "adaptive_avg_pool")
 
 
+# With return_indices=True the result is (values, indices), as for functional.max_pool.
+@overload
+def adaptive_max_pool(inputs: jax.Array, output_size: OutputSizeLike, *,
+                      num_spatial_dims: int | None = None, return_indices: Literal[False] = False,
+                      in_features: int | None = None) -> jax.Array: ...
+@overload
+def adaptive_max_pool(inputs: jax.Array, output_size: OutputSizeLike, *,
+                      num_spatial_dims: int | None = None, return_indices: Literal[True],
+                      in_features: int | None = None) -> tuple[jax.Array, jax.Array]: ...
+@overload
+def adaptive_max_pool(inputs: jax.Array, output_size: OutputSizeLike, *,
+                      num_spatial_dims: int | None = None, return_indices: bool,
+                      in_features: int | None = None
+                      ) -> jax.Array | tuple[jax.Array, jax.Array]: ...
 @flax_names
-def adaptive_max_pool(inputs, output_size, *, num_spatial_dims: int | None = None,
-                      return_indices: bool = False, in_features: int | None = None):
+def adaptive_max_pool(inputs: jax.Array, output_size: OutputSizeLike, *,
+                      num_spatial_dims: int | None = None, return_indices: bool = False,
+                      in_features: int | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
   """The function form of :class:`AdaptiveMaxPool`, with the same arguments and checks."""
   return _adaptive(inputs, _parse_output_size(output_size, num_spatial_dims), "max",
                    check_bool(return_indices, "return_indices"), check_in_features(in_features),
@@ -262,7 +279,7 @@ class _GlobalPool(nnx.Module):
     self.keepdims = check_bool(keepdims, "keepdims")
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
 
     With ``keepdims=True`` the spatial axes stay, with size 1.
@@ -356,13 +373,13 @@ class AdaptiveAvgPool(nnx.Module):
   """
 
   @flax_names
-  def __init__(self, output_size, *, num_spatial_dims: int | None = None,
+  def __init__(self, output_size: OutputSizeLike, *, num_spatial_dims: int | None = None,
                in_features: int | None = None):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
     self.num_spatial_dims = len(self.output_size)
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
     return _adaptive(inputs, self.output_size, "avg", False, self.in_features,
                      type(self).__name__, self)
@@ -397,14 +414,14 @@ class AdaptiveMaxPool(nnx.Module):
   """
 
   @flax_names
-  def __init__(self, output_size, *, num_spatial_dims: int | None = None,
+  def __init__(self, output_size: OutputSizeLike, *, num_spatial_dims: int | None = None,
                return_indices: bool = False, in_features: int | None = None):
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
     self.num_spatial_dims = len(self.output_size)
     self.return_indices = check_bool(return_indices, "return_indices")
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs) -> jax.Array | tuple[jax.Array, jax.Array]:
+  def __call__(self, inputs: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``.
 
     Returns:
@@ -449,8 +466,9 @@ class SelectAdaptivePool(nnx.Module):
   """
 
   @flax_names
-  def __init__(self, output_size=1, *, pool_type: str = "avg", flatten: bool = False,
-               num_spatial_dims: int | None = None, in_features: int | None = None):
+  def __init__(self, output_size: OutputSizeLike = 1, *, pool_type: str = "avg",
+               flatten: bool = False, num_spatial_dims: int | None = None,
+               in_features: int | None = None):
     if not isinstance(pool_type, str) or pool_type not in _POOL_TYPES:
       raise ValueError(f"`pool_type` must be one of {_POOL_TYPES}; got {pool_type!r}.")
     self.output_size = _parse_output_size(output_size, num_spatial_dims)
@@ -463,7 +481,7 @@ class SelectAdaptivePool(nnx.Module):
     """How many times the input channels the output has: 2 for ``"catavgmax"``, else 1."""
     return 2 if self.pool_type == "catavgmax" else 1
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` to ``(N, *out, C * feat_mult())``, or ``(N, features)``.
 
     Unbatched ``(*spatial, C)`` gives ``(*out, C * feat_mult())`` or ``(features,)``.

@@ -33,11 +33,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.typing import Dtype
 
 from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names, is_int
 from nnx_pool._layout import (
@@ -59,7 +61,7 @@ _LAYER_NORM_EPS = 1e-6
 # ----------------------------------------------------------------------------
 
 
-def _f32(value: float) -> float:
+def _f32(value: float | np.floating) -> float:
   """``value`` rounded to float32, as a Python float."""
   return float(np.float32(value))
 
@@ -111,7 +113,8 @@ def antialiased_bicubic_weights(in_size: int, out_size: int) -> np.ndarray:
     for tap in taps:
       total = np.float32(total + np.float32(tap))
     if total != 0.0:
-      weights[i, start:stop] = np.float32(taps) / total
+      # np.float32 of a list is an array at run time; NumPy's stub takes scalars only.
+      weights[i, start:stop] = np.float32(taps) / total  # pyright: ignore[reportArgumentType]
   weights.flags.writeable = False
   return weights
 
@@ -147,6 +150,10 @@ def resample_pos_embed(pos_embed: jax.Array, old_size: tuple[int, int],
 # ----------------------------------------------------------------------------
 
 
+@overload
+def _value(variable: None) -> None: ...
+@overload
+def _value(variable: nnx.Variable) -> jax.Array: ...
 def _value(variable) -> jax.Array | None:
   """A variable's array, or None for an absent one (a Linear without a bias)."""
   if variable is None:
@@ -302,8 +309,8 @@ class AttentionPool(nnx.Module):
       self, in_features: int, *, feat_size: int | tuple[int, int] = 7,
       out_features: int | None = None, embed_dim: int | None = None, head_dim: int | None = 64,
       num_heads: int | None = None, qkv_bias: bool = True, qkv_separate: bool = False,
-      pool_type: str = "token", class_token: bool = False, dtype=None,
-      param_dtype=jnp.float32, rngs: nnx.Rngs,
+      pool_type: str = "token", class_token: bool = False, dtype: Dtype | None = None,
+      param_dtype: Dtype = jnp.float32, rngs: nnx.Rngs,
   ):
     module = "AttentionPool"
     self.in_features = check_positive_int(in_features, "in_features")
@@ -321,8 +328,8 @@ class AttentionPool(nnx.Module):
 
     # timm's init_weights: q, k, v (or qkv) and the embedding ~ N(0, 1/C), biases zero.
     std = self.in_features ** -0.5
-    layer = dict(use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype,
-                 kernel_init=_normal(std), rngs=rngs)
+    layer: dict[str, Any] = dict(use_bias=qkv_bias, dtype=dtype, param_dtype=param_dtype,
+                                 kernel_init=_normal(std), rngs=rngs)
     self.q, self.k, self.v = (nnx.Linear(self.in_features, self.embed_dim, **layer)
                               for _ in range(3))
     self.proj = (nnx.Linear(self.embed_dim, self.out_features, dtype=dtype,
@@ -335,7 +342,7 @@ class AttentionPool(nnx.Module):
     self.cls_token = (nnx.Param(jnp.zeros((1, self.in_features), param_dtype))
                       if class_token else None)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, H, W, C)`` (or unbatched ``(H, W, C)``, or several batch axes).
 
     Returns ``(N, out)`` for ``pool_type="token"``, ``(N, H, W, out)`` for ``""``,
@@ -513,7 +520,8 @@ class AttentionPoolLatent(nnx.Module):
       self, in_features: int, *, out_features: int | None = None,
       embed_dim: int | None = None, num_heads: int = 8, mlp_ratio: float = 4.0,
       qkv_bias: bool = True, qk_norm: bool = False, latent_len: int = 1,
-      pool_type: str = "token", dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+      pool_type: str = "token", dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
   ):
     module = "AttentionPoolLatent"
     self.in_features = check_positive_int(in_features, "in_features")
@@ -537,7 +545,7 @@ class AttentionPoolLatent(nnx.Module):
     self.pool_type = _check_choice(pool_type, "pool_type", _LATENT_POOL_TYPES)
     self.dtype = dtype
 
-    options = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    options: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     # timm's init_weights: the latent ~ N(0, 1/embed_dim) (trunc_normal_tf_ at +-2 std).
     self.latent = nnx.Param(nnx.initializers.truncated_normal(self.embed_dim ** -0.5)(
         rngs.params(), (1, self.latent_len, self.embed_dim), param_dtype))
@@ -549,7 +557,7 @@ class AttentionPoolLatent(nnx.Module):
     self.norm = _layer_norm(self.out_features, dtype, param_dtype, rngs)
     self.mlp = _Mlp(self.out_features, hidden, **options)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools tokens ``(N, L, C)`` (or unbatched ``(L, C)``).
 
     Returns ``(N, out)`` for ``pool_type`` ``"token"`` and ``"avg"``,
@@ -591,7 +599,8 @@ class AttentionPoolLatent(nnx.Module):
     kv = self.kv(x).reshape(n, length, 2, heads, d)
     k, v = kv[:, :, 0], kv[:, :, 1]
     if self.q_norm is not None:
-      q, k = self.q_norm(q), self.k_norm(k)
+      # k_norm is set whenever q_norm is (both follow qk_norm).
+      q, k = self.q_norm(q), self.k_norm(k)  # pyright: ignore[reportOptionalCall]
     compute = jnp.promote_types(q.dtype, v.dtype)
     out = attend(q.astype(compute), k.astype(compute), v.astype(compute))
     out = self.proj(out.reshape(n, self.latent_len, e))

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
+from flax.typing import Dtype, PrecisionLike
 from jax import lax
 
 from nnx_pool._args import check_bool, check_callable, check_positive_int, flax_names
@@ -91,7 +92,8 @@ class LightCBAM(_Gate):
       self, in_features: int, squeeze_features: int | None = None, *,
       rd_ratio: float = 1 / 16, rd_divisor: int = 1, spatial_kernel_size: int = 7,
       activation: Activation = nnx.relu, use_bias: bool = False,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      num_spatial_dims: int = 2, dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+      precision: PrecisionLike = None,
       kernel_init: Initializer = default_kernel_init,
       bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
@@ -110,7 +112,7 @@ class LightCBAM(_Gate):
     self.spatial_norm = nnx.BatchNorm(
         1, momentum=0.9, epsilon=1e-5, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, inputs, use_running_average: bool | None = None) -> jax.Array:
+  def __call__(self, inputs: jax.Array, use_running_average: bool | None = None) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype.
 
     Args:
@@ -246,7 +248,8 @@ class GlobalContext(_Gate):
       fuse_scale: bool = True, init_last_zero: bool = False, rd_ratio: float = 1 / 8,
       squeeze_features: int | None = None, rd_divisor: int = 1,
       activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      num_spatial_dims: int = 2, dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+      precision: PrecisionLike = None,
       kernel_init: Initializer = default_kernel_init,
       bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
@@ -274,7 +277,7 @@ class GlobalContext(_Gate):
                              bias_init, zero_last=True)
                     if self.fuse_add else None)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
     n, c = x.shape[0], x.shape[-1]

@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
+from flax.typing import Dtype, PrecisionLike
 from jax import lax
 
 from nnx_pool._args import (
@@ -141,7 +142,8 @@ def _check_initializer(value, name: str) -> Initializer:
     raise TypeError(
         f"`{name}` must be an initializer, a callable (key, shape, dtype) -> array such as "
         f"nnx.initializers.{example}; got {value!r}.")
-  return value
+  # Any callable passes (its signature cannot be checked here), as Initializer promises.
+  return value  # pyright: ignore[reportReturnType]
 
 
 def _is_precision_name(value) -> bool:
@@ -284,7 +286,8 @@ class SqueezeExcitation(_Gate):
       rd_ratio: float = 1 / 16, rd_divisor: int = 8,
       activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid, use_bias: bool = True,
       add_maxpool: bool = False, norm: bool = False,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      num_spatial_dims: int = 2, dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+      precision: PrecisionLike = None,
       kernel_init: Initializer = default_kernel_init,
       bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
@@ -296,7 +299,7 @@ class SqueezeExcitation(_Gate):
     self.bn = (nnx.BatchNorm(self.squeeze_features, momentum=0.9, epsilon=1e-5, dtype=dtype,
                              param_dtype=param_dtype, rngs=rngs) if self.norm else None)
 
-  def __call__(self, inputs, use_running_average: bool | None = None) -> jax.Array:
+  def __call__(self, inputs: jax.Array, use_running_average: bool | None = None) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype.
 
     Args:
@@ -368,7 +371,8 @@ class EffectiveSqueezeExcitation(_Gate):
   @flax_names
   def __init__(
       self, in_features: int, *, gate: Activation = jax.nn.hard_sigmoid,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      num_spatial_dims: int = 2, dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+      precision: PrecisionLike = None,
       kernel_init: Initializer = default_kernel_init,
       bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
@@ -378,7 +382,7 @@ class EffectiveSqueezeExcitation(_Gate):
     self.fc = nnx.Linear(self.in_features, self.in_features,
                          bias_init=_check_initializer(bias_init, "bias_init"), **layer)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
     return unbatch(_scaled(x, self.gate(self.fc(spatial_mean(x)))), batch)
@@ -453,7 +457,8 @@ class EfficientChannelAttention(_Gate):
   def __init__(
       self, in_features: int | None = None, kernel_size: int | None = None, *,
       gamma: float = 2, beta: float = 1, gate: Activation = nnx.sigmoid, circular: bool = False,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      num_spatial_dims: int = 2, dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+      precision: PrecisionLike = None,
       kernel_init: Initializer = default_kernel_init, rngs: nnx.Rngs,
   ):
     if in_features is None and kernel_size is None:
@@ -464,8 +469,8 @@ class EfficientChannelAttention(_Gate):
     self.in_features = in_features
     gamma = check_number(gamma, "gamma", positive=True)  # checked even when kernel_size
     beta = check_number(beta, "beta")  # is given, which makes them unused
-    if kernel_size is None:
-      kernel_size = eca_kernel_size(self.in_features, gamma, beta)
+    if kernel_size is None:  # then in_features is not None (refused above)
+      kernel_size = eca_kernel_size(self.in_features, gamma, beta)  # pyright: ignore[reportArgumentType]
     kernel_size = check_positive_int(kernel_size, "kernel_size")
     if kernel_size % 2 == 0:
       raise ValueError(
@@ -488,7 +493,7 @@ class EfficientChannelAttention(_Gate):
           f"channels a side wraps more than once around {channels} channels, which PyTorch's "
           f"circular padding refuses; use a kernel_size of at most {2 * channels + 1}.")
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype."""
     x, batch = self._prepare(inputs)
     if self.circular:
@@ -565,7 +570,8 @@ class CBAM(_Gate):
       self, in_features: int, squeeze_features: int | None = None, *,
       rd_ratio: float = 1 / 16, rd_divisor: int = 1, spatial_kernel_size: int = 7,
       activation: Activation = nnx.relu, gate: Activation = nnx.sigmoid, use_bias: bool = False,
-      num_spatial_dims: int = 2, dtype=None, param_dtype=jnp.float32, precision=None,
+      num_spatial_dims: int = 2, dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
+      precision: PrecisionLike = None,
       kernel_init: Initializer = default_kernel_init,
       bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
   ):
@@ -584,7 +590,7 @@ class CBAM(_Gate):
     self.spatial_norm = nnx.BatchNorm(
         1, momentum=0.9, epsilon=1e-5, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, inputs, use_running_average: bool | None = None) -> jax.Array:
+  def __call__(self, inputs: jax.Array, use_running_average: bool | None = None) -> jax.Array:
     """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype.
 
     Args:

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.typing import Dtype
 
 from nnx_pool._adaptive import adaptive_max
 from nnx_pool._args import check_bool, check_num_spatial_dims, check_number, flax_names
@@ -126,8 +127,9 @@ def _pool(pooling, inputs, parameter, static: tuple, flatten: bool, num_spatial_
 
 
 @flax_names
-def gem_pool(inputs, p=3.0, *, eps: float = 1e-6, flatten: bool = True,
-             num_spatial_dims: int = 2, in_features: int | None = None) -> jax.Array:
+def gem_pool(inputs: jax.Array, p: float | jax.Array | nnx.Variable = 3.0, *,
+             eps: float = 1e-6, flatten: bool = True, num_spatial_dims: int = 2,
+             in_features: int | None = None) -> jax.Array:
   """Generalized mean over space, ``(mean of max(x, eps)^p)^(1/p)``: :class:`GeMPool`'s function.
 
   Example usage::
@@ -155,7 +157,8 @@ def gem_pool(inputs, p=3.0, *, eps: float = 1e-6, flatten: bool = True,
 
 
 @flax_names
-def lse_plus_pool(inputs, r=10.0, *, flatten: bool = True, num_spatial_dims: int = 2,
+def lse_plus_pool(inputs: jax.Array, r: float | jax.Array | nnx.Variable = 10.0, *,
+                  flatten: bool = True, num_spatial_dims: int = 2,
                   in_features: int | None = None) -> jax.Array:
   """Log-sum-exp pooling over space, timm's ``LsePlus2d``: the function of :class:`LsePlusPool`.
 
@@ -237,15 +240,17 @@ class GeMPool(_ParameterPool):
     param_dtype: the dtype of ``p`` (default float32).
   """
 
+  p: nnx.Variable  # set by _init_parameter: an nnx.Param when learnable
+
   @flax_names
   def __init__(self, p: float = 3.0, *, eps: float = 1e-6, learnable: bool = True,
                flatten: bool = True, num_spatial_dims: int = 2, in_features: int | None = None,
-               param_dtype=jnp.float32):
+               param_dtype: Dtype = jnp.float32):
     self.eps = check_number(eps, "eps", positive=True)
     self._init_parameter("p", p, (1,), learnable, flatten, num_spatial_dims, in_features,
                          param_dtype)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(*batch, *spatial, C)`` to ``(*batch, C)``, or ``(*batch, 1, ..., 1, C)``."""
     return self._call(generalized_mean, inputs, self.p, (self.eps,))
 
@@ -291,14 +296,16 @@ class LsePlusPool(_ParameterPool):
     param_dtype: the dtype of ``r`` (default float32).
   """
 
+  r: nnx.Variable  # set by _init_parameter: an nnx.Param when learnable
+
   @flax_names
   def __init__(self, r: float = 10.0, *, learnable: bool = True, flatten: bool = True,
                num_spatial_dims: int = 2, in_features: int | None = None,
-               param_dtype=jnp.float32):
+               param_dtype: Dtype = jnp.float32):
     self._init_parameter("r", r, (), learnable, flatten, num_spatial_dims, in_features,
                          param_dtype)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(*batch, *spatial, C)`` to ``(*batch, C)``, or ``(*batch, 1, ..., 1, C)``."""
     return self._call(log_mean_exp, inputs, self.r, ())
 

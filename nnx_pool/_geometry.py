@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
+from typing import Literal, overload
 
 import numpy as np
 
@@ -43,9 +44,18 @@ MAX_SIZE = 2**63 - 1
 # The longest padded spatial dim: coordinates inside the kernels are int32.
 MAX_COORDINATE = 2**31 - 1
 
-PaddingLike = str | int | Sequence[int] | Sequence[tuple[int, int]]
+# The argument types of the public signatures. An int is a Python or NumPy integer (a bool is
+# refused at run time); a window, stride or dilation is one int for every spatial dim or one
+# per dim; padding is "VALID"/"SAME" (any case), an int, one int per dim or one (low, high)
+# pair per dim.
+IntLike = int | np.integer
+SizeLike = IntLike | Sequence[IntLike]
+PaddingLike = str | IntLike | Sequence[IntLike] | Sequence[tuple[IntLike, IntLike]]
+# An adaptive pool's output size: an int for every spatial dim, or one per dim (None keeps it).
+OutputSizeLike = IntLike | Sequence[IntLike | None]
 # A resolved padding spec: "VALID", "SAME", or one (low, high) pair per dim.
-PaddingSpec = str | tuple[tuple[int, int], ...]
+Pairs = tuple[tuple[int, int], ...]
+PaddingSpec = Literal["VALID", "SAME"] | Pairs
 
 _PADDING_FORMS = (
     '"VALID" or "SAME" (any case), an int (both sides of every dim), '
@@ -125,7 +135,14 @@ def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...
   return values
 
 
-def parse_padding(padding: PaddingLike, ndim: int) -> PaddingSpec:
+@overload
+def parse_padding(padding: str, ndim: int) -> Literal["VALID", "SAME"]: ...
+@overload
+def parse_padding(padding: IntLike | Sequence[IntLike] | Sequence[tuple[IntLike, IntLike]],
+                  ndim: int) -> Pairs: ...
+@overload
+def parse_padding(padding: object, ndim: int) -> PaddingSpec: ...
+def parse_padding(padding: object, ndim: int) -> PaddingSpec:
   """Validates a padding argument and returns "VALID", "SAME" or (low, high) pairs."""
   if isinstance(padding, str):
     upper = padding.upper()
@@ -172,8 +189,9 @@ class Window:
 
   @classmethod
   def create(
-      cls, window_shape, strides=None, padding: PaddingLike = "VALID", *, dilation=1,
-      ceil_mode: bool = False, num_spatial_dims: int | None = None, layer: str | None = None,
+      cls, window_shape: SizeLike, strides: SizeLike | None = None,
+      padding: PaddingLike = "VALID", *, dilation: SizeLike = 1, ceil_mode: bool = False,
+      num_spatial_dims: int | None = None, layer: str | None = None,
   ) -> Window:
     """Validates pooling arguments; the number of dims follows :func:`spatial_dims`.
 
@@ -453,8 +471,9 @@ def _resolve(window: Window, spatial_shape: tuple[int, ...]) -> Geometry:
 
 
 def output_shape(
-    input_shape: Sequence[int], window_shape, strides=None, padding: PaddingLike = "VALID", *,
-    dilation=1, ceil_mode: bool = False, num_spatial_dims: int | None = None,
+    input_shape: Sequence[int], window_shape: SizeLike, strides: SizeLike | None = None,
+    padding: PaddingLike = "VALID", *, dilation: SizeLike = 1, ceil_mode: bool = False,
+    num_spatial_dims: int | None = None,
 ) -> tuple[int, ...]:
   """The shape a window pool returns for ``input_shape``, with the modules' own checks.
 

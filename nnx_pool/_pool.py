@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ from jax import lax
 
 from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names
 from nnx_pool._backend import current_implementation
-from nnx_pool._geometry import MAX_SIZE, Geometry, PaddingLike, Window
+from nnx_pool._geometry import MAX_SIZE, Geometry, PaddingLike, SizeLike, Window
 from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_plane_indexable, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype, true_divide
@@ -175,7 +175,8 @@ def _check_strides_given(strides, window_shape, kind: str) -> None:
 
 @flax_names
 def avg_pool(
-    inputs, window_shape, strides=REQUIRED, padding: PaddingLike = "VALID", *,
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *,
     num_spatial_dims: int | None = None, ceil_mode: bool = False,
     count_include_pad: bool = True, divisor_override: int | None = None,
     in_features: int | None = None,
@@ -199,7 +200,8 @@ def avg_pool(
 
 
 def _select_pool(kind: Kind, inputs, window_shape, strides, padding, num_spatial_dims,
-                 dilation, ceil_mode, return_indices, in_features):
+                 dilation, ceil_mode, return_indices, in_features
+                 ) -> jax.Array | tuple[jax.Array, jax.Array]:
   _check_strides_given(strides, window_shape, kind)
   window = Window.create(window_shape, strides, padding, dilation=dilation, ceil_mode=ceil_mode,
                          num_spatial_dims=num_spatial_dims, layer=f"{kind}_pool")
@@ -207,12 +209,36 @@ def _select_pool(kind: Kind, inputs, window_shape, strides, padding, num_spatial
                  check_in_features(in_features), f"{kind}_pool")
 
 
+# With return_indices=True the result is (values, indices): a literal True or False picks the
+# return type for type checkers, a bool variable gives their union.
+@overload
+def max_pool(
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[False] = False,
+    in_features: int | None = None,
+) -> jax.Array: ...
+@overload
+def max_pool(
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[True],
+    in_features: int | None = None,
+) -> tuple[jax.Array, jax.Array]: ...
+@overload
+def max_pool(
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool,
+    in_features: int | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]: ...
 @flax_names
 def max_pool(
-    inputs, window_shape, strides=REQUIRED, padding: PaddingLike = "VALID", *,
-    num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
-    return_indices: bool = False, in_features: int | None = None,
-):
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
+    in_features: int | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
   """The function form of :class:`MaxPool`: the same arguments and checks; ``strides`` required.
 
   Example usage::
@@ -230,12 +256,35 @@ def max_pool(
                       ceil_mode, return_indices, in_features)
 
 
+# As for max_pool, the return type follows return_indices.
+@overload
+def min_pool(
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[False] = False,
+    in_features: int | None = None,
+) -> jax.Array: ...
+@overload
+def min_pool(
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[True],
+    in_features: int | None = None,
+) -> tuple[jax.Array, jax.Array]: ...
+@overload
+def min_pool(
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool,
+    in_features: int | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]: ...
 @flax_names
 def min_pool(
-    inputs, window_shape, strides=REQUIRED, padding: PaddingLike = "VALID", *,
-    num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
-    return_indices: bool = False, in_features: int | None = None,
-):
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
+    in_features: int | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
   """The function form of :class:`MinPool`: the same arguments and checks; ``strides`` required."""
   return _select_pool("min", inputs, window_shape, strides, padding, num_spatial_dims, dilation,
                       ceil_mode, return_indices, in_features)
@@ -243,9 +292,9 @@ def min_pool(
 
 @flax_names
 def lp_pool(
-    inputs, norm_type: float, window_shape, strides=None, *,
-    num_spatial_dims: int | None = None, ceil_mode: bool = False,
-    in_features: int | None = None,
+    inputs: jax.Array, norm_type: float, window_shape: SizeLike,
+    strides: SizeLike | None = None, *, num_spatial_dims: int | None = None,
+    ceil_mode: bool = False, in_features: int | None = None,
 ) -> jax.Array:
   """The function form of :class:`LPPool`: the same arguments, defaults and checks."""
   norm_type = check_number(norm_type, "norm_type", positive=True)
@@ -257,6 +306,8 @@ def lp_pool(
 # ----------------------------------------------------------------------------
 # Modules.
 # ----------------------------------------------------------------------------
+
+_Module = TypeVar("_Module", bound=nnx.Module)
 
 # Each argument's text, written once: every module's ``Args:`` section is made from the
 # entries its __init__ takes, in order (_document).
@@ -290,7 +341,7 @@ _ARGS = {
 }
 
 
-def _document(cls):
+def _document(cls: type[_Module]) -> type[_Module]:
   """Appends to ``cls``'s docstring an ``Args:`` section: the :data:`_ARGS` entries of the
   arguments its ``__init__`` takes, in their order. (``python -OO`` drops docstrings.)"""
   if cls.__doc__ is None:
@@ -332,9 +383,9 @@ class AvgPool(nnx.Module):
 
   @flax_names
   def __init__(
-      self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
-      num_spatial_dims: int | None = None, ceil_mode: bool = False,
-      count_include_pad: bool = True, divisor_override: int | None = None,
+      self, window_shape: SizeLike, strides: SizeLike | None = None,
+      padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+      ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None,
       in_features: int | None = None,
   ):
     self.window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode,
@@ -343,7 +394,7 @@ class AvgPool(nnx.Module):
     self.divisor_override = _check_divisor_override(divisor_override)
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
     return _avg(inputs, self.window, self.count_include_pad, self.divisor_override,
                 self.in_features, type(self).__name__, self)
@@ -356,9 +407,10 @@ class _SelectPool(nnx.Module):
 
   @flax_names
   def __init__(
-      self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
-      num_spatial_dims: int | None = None, dilation=1, ceil_mode: bool = False,
-      return_indices: bool = False, in_features: int | None = None,
+      self, window_shape: SizeLike, strides: SizeLike | None = None,
+      padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+      dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
+      in_features: int | None = None,
   ):
     self.window = Window.create(window_shape, strides, padding, dilation=dilation,
                                 ceil_mode=ceil_mode, num_spatial_dims=num_spatial_dims,
@@ -366,7 +418,7 @@ class _SelectPool(nnx.Module):
     self.return_indices = check_bool(return_indices, "return_indices")
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs) -> jax.Array | tuple[jax.Array, jax.Array]:
+  def __call__(self, inputs: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)``.
 
     Returns:
@@ -446,7 +498,7 @@ class LPPool(nnx.Module):
 
   @flax_names
   def __init__(
-      self, norm_type: float, window_shape, strides=None, *,
+      self, norm_type: float, window_shape: SizeLike, strides: SizeLike | None = None, *,
       num_spatial_dims: int | None = None, ceil_mode: bool = False,
       in_features: int | None = None,
   ):
@@ -455,6 +507,6 @@ class LPPool(nnx.Module):
                                 num_spatial_dims=num_spatial_dims)
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
     return _lp(inputs, self.window, self.norm_type, self.in_features, type(self).__name__, self)

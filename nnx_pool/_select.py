@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 from nnx_pool._geometry import Geometry
 from nnx_pool._jit import scoped
@@ -139,8 +140,9 @@ def arg_select(
       continue
     better = replaces(tap, best, kind)
     best = jnp.where(better, tap, best)
-    arg = jnp.where(better, jnp.asarray(j, offset_dtype), arg)
-  return best, arg
+    # arg is set with best, at the first tap; pyright does not pair the two.
+    arg = jnp.where(better, jnp.asarray(j, offset_dtype), arg)  # pyright: ignore[reportArgumentType]
+  return best, arg  # pyright: ignore[reportReturnType]  # not None: a window has a tap
 
 
 def arg_select_boxes(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Array, jax.Array]:
@@ -174,8 +176,9 @@ def arg_select_boxes(x: jax.Array, geom: Geometry, kind: Kind) -> tuple[jax.Arra
       values, arg = v, a
     else:
       inside = box_mask(geom, box)
-      values, arg = jnp.where(inside, v, values), jnp.where(inside, a, arg)
-  return values, arg
+      # arg is set with values, at the first box; pyright does not pair the two.
+      values, arg = jnp.where(inside, v, values), jnp.where(inside, a, arg)  # pyright: ignore[reportArgumentType]
+  return values, arg  # pyright: ignore[reportReturnType]  # not None: there is a box
 
 
 def select_forward(
@@ -194,7 +197,7 @@ def select_forward(
 
 def stage_arg_select(
     x: jax.Array, payload: jax.Array | None, geom: Geometry, axis: int, later: int,
-    init: np.ndarray, kind: Kind, offset_dtype,
+    init: ArrayLike, kind: Kind, offset_dtype,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Forward of one separable arg-select stage: a 1-D window along ``axis``.
 
@@ -301,4 +304,5 @@ def arg_extremum_over_bins(
     term = coord * plane_stride
     index = term if index is None else index + term
     plane_stride *= length
-  return values.reshape(result_shape), index.reshape(result_shape)
+  # index is set by the first pass of the loop: there is at least one spatial dim.
+  return values.reshape(result_shape), index.reshape(result_shape)  # pyright: ignore[reportOptionalMemberAccess]

@@ -106,7 +106,8 @@ def boxes(geom: Geometry) -> list[tuple[tuple[int, int], ...]] | None:
   result = [(*inner[:axis], (0, a), *((0, d.out) for d in geom.dims[axis + 1:]))
             for axis, a in enumerate(low)]
   result.append(tuple(inner))
-  return [box for box in result if all(q1 > q0 for q0, q1 in box)]
+  # `None in low` returned above; pyright does not narrow the list's entries from it.
+  return [box for box in result if all(q1 > q0 for q0, q1 in box)]  # pyright: ignore[reportReturnType, reportOperatorIssue]
 
 
 def box_input(
@@ -141,7 +142,7 @@ def box_mask(geom: Geometry, box: tuple[tuple[int, int], ...]) -> jax.Array:
     pos = lax.broadcasted_iota(jnp.int32, tuple(shape), axis)
     here = (pos >= q0) & (pos < q1)
     inside = here if inside is None else inside & here
-  return inside
+  return inside  # pyright: ignore[reportReturnType]  # not None: there is at least one dim
 
 
 def sum_taps(x: jax.Array, geom: Geometry) -> jax.Array:
@@ -149,7 +150,7 @@ def sum_taps(x: jax.Array, geom: Geometry) -> jax.Array:
   total = None
   for tap in taps(x, geom, 0, shared_pad=False):  # one consumer, also when differentiated
     total = tap if total is None else total + tap
-  return total
+  return total  # pyright: ignore[reportReturnType]  # not None: a window has at least one tap
 
 
 def bin_slots(a: jax.Array, axis: int, length: int, out: int):

@@ -471,7 +471,7 @@ def _read_state(state_dict: Mapping, key_sets: tuple[tuple[Row, ...], ...],
 def _variable(module: nnx.Module, path: str) -> nnx.Variable:
   for name in path.split("."):
     module = getattr(module, name)
-  return module
+  return module  # pyright: ignore[reportReturnType]  # the path's last name is a variable
 
 
 def _assign(variable: nnx.Variable, value: np.ndarray, name: str, module: str) -> None:

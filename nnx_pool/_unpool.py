@@ -16,7 +16,14 @@ import numpy as np
 from flax import nnx
 
 from nnx_pool._args import flax_names
-from nnx_pool._geometry import PaddingLike, Window, as_tuple, effective_window
+from nnx_pool._geometry import (
+  IntLike,
+  PaddingLike,
+  SizeLike,
+  Window,
+  as_tuple,
+  effective_window,
+)
 from nnx_pool._jit import kernel
 from nnx_pool._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
 
@@ -103,9 +110,10 @@ def _max_unpool(inputs, indices, window: Window, output_size, in_features, name,
 
 @flax_names
 def max_unpool(
-    inputs, indices, window_shape, strides=None, padding: PaddingLike = "VALID", *,
-    num_spatial_dims: int | None = None, dilation=1, output_size=None,
-    in_features: int | None = None,
+    inputs: jax.Array, indices: jax.Array, window_shape: SizeLike,
+    strides: SizeLike | None = None, padding: PaddingLike = "VALID", *,
+    num_spatial_dims: int | None = None, dilation: SizeLike = 1,
+    output_size: Sequence[IntLike] | None = None, in_features: int | None = None,
 ) -> jax.Array:
   """The function form of :class:`MaxUnpool`: the same arguments, defaults and checks.
 
@@ -175,8 +183,9 @@ class MaxUnpool(nnx.Module):
   """
 
   @flax_names
-  def __init__(self, window_shape, strides=None, padding: PaddingLike = "VALID", *,
-               num_spatial_dims: int | None = None, dilation=1, in_features: int | None = None):
+  def __init__(self, window_shape: SizeLike, strides: SizeLike | None = None,
+               padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+               dilation: SizeLike = 1, in_features: int | None = None):
     self.window = Window.create(window_shape, strides, padding, dilation=dilation,
                                 num_spatial_dims=num_spatial_dims, layer=type(self).__name__)
     self.in_features = check_in_features(in_features)
@@ -189,7 +198,8 @@ class MaxUnpool(nnx.Module):
     """
     return default_output_size(self.window, tuple(input_size))
 
-  def __call__(self, inputs, indices, output_size=None) -> jax.Array:
+  def __call__(self, inputs: jax.Array, indices: jax.Array,
+               output_size: Sequence[IntLike] | None = None) -> jax.Array:
     """Unpools ``(N, *in, C)`` (or ``(*in, C)``) with same-shaped integer ``indices``.
 
     Args:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 
@@ -758,6 +758,11 @@ __all__ += ["gem_pool", "lse_plus_pool"]
 PadMode = Literal["reflect", "constant", "replicate", "circular"]
 
 
+@overload
+def _padded_source(coord: int, length: int,
+                   mode: Literal["replicate", "circular", "reflect"]) -> int: ...
+@overload
+def _padded_source(coord: int, length: int, mode: str) -> int | None: ...
 def _padded_source(coord: int, length: int, mode: str) -> int | None:
   """The input coordinate that coordinate ``coord`` of ``F.pad(..., mode)`` reads; None for a
   zero of ``"constant"``. ``"reflect"`` mirrors without repeating the edge (-1 reads 1)."""
@@ -901,8 +906,9 @@ def fractional_intervals(sample: np.generic, length: int, out: int, window: int)
   dtype = type(sample)
   starts = []
   if out > 1:
-    alpha = dtype(length - window) / dtype(out - 1)
-    starts = [int((dtype(i) + sample) * alpha) - int(sample * alpha) for i in range(out - 1)]
+    # dtype is a floating scalar type (checked above); np.generic's stub has no arithmetic.
+    alpha = dtype(length - window) / dtype(out - 1)  # pyright: ignore[reportOperatorIssue]
+    starts = [int((dtype(i) + sample) * alpha) - int(sample * alpha) for i in range(out - 1)]  # pyright: ignore[reportOperatorIssue]
   starts.append(length - window)
   if not all(0 <= s <= length - window for s in starts):
     raise ValueError(f"a window starts outside [0, {length - window}]: {starts} (PyTorch asserts)")

@@ -36,7 +36,7 @@ import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import chex
 import jax
@@ -161,7 +161,7 @@ def execute(module_or_fn: Any, inputs: Sequence[Any], *, rtol: float | None,
     copy = _eager_copy(target)
     with model_state.capture(copy) as calls:
       eager = copy(*xs)
-    rec.model["layers"] = calls
+    rec.model["layers"] = calls  # pyright: ignore[reportOptionalSubscript]  # set by _prepare
   else:
     eager = apply(params, rest, *xs)
   rec.eager = _flatten("output", eager)
@@ -218,7 +218,7 @@ def execute_grad(loss_fn: Callable[..., Any], model: nnx.Module, inputs: Sequenc
   copy = _eager_copy(target)
   with model_state.capture(copy) as calls:
     loss_fn(copy, *xs)
-  rec.model["layers"] = calls
+  rec.model["layers"] = calls  # pyright: ignore[reportOptionalSubscript]  # set by _prepare
   _settle(rec, lambda key, dtype: tolerance_for(
       "gradient", "output" if key == "loss" else "grad_params", dtype, rtol=rtol, atol=atol))
   return rec
@@ -428,6 +428,12 @@ def _v2_weights(base: Baseline) -> list[dict[str, Any]]:
           for key, value in sorted(base.arrays.items()) if key.startswith("weights/")]
 
 
+@overload
+def _weights_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
+                  *, loaded: Literal[True], order: Sequence[str]) -> str: ...
+@overload
+def _weights_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
+                  *, loaded: bool, order: Sequence[str]) -> str | None: ...
 def _weights_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
                   *, loaded: bool, order: Sequence[str]) -> str | None:
   differ, params, paths = model_state.weight_changes(before, now, order)

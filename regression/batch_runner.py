@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_pool.regression.batch import Case
+from nnx_pool.regression.batch import Case, ErrorSpec
 from nnx_pool.regression.constants import BATCH_AXIS
 from nnx_pool.regression.inputs import make_cotangent, make_input
 from nnx_pool.regression.runner import (
@@ -107,7 +107,7 @@ def _describe_error(e: BaseException) -> str:
 
 def _expect_raise(case: Case, apply: Apply, params: Any, rest: Any, x: jax.Array,
                   run: Execution) -> None:
-  spec = case.raises
+  spec: ErrorSpec = case.raises  # pyright: ignore[reportAssignmentType]  # run only when set
   try:
     apply(params, rest, x)
   except Exception as e:  # noqa: BLE001 - the point is to see what is raised

@@ -441,7 +441,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike) -> Report:
     return report
   report.recorded = recorded_label(base_a.manifest)
   report.baseline_stamp, report.stamp = base_a.manifest["stamp"], base_b.manifest["stamp"]
-  report.stamp_changes = stamp_changes(report.baseline_stamp, report.stamp)
+  # Both stamps were set on the line above (pyright keeps their declared Optional type).
+  report.stamp_changes = stamp_changes(report.baseline_stamp, report.stamp)  # pyright: ignore[reportArgumentType]
   cases_a, cases_b = base_a.manifest["cases"], base_b.manifest["cases"]
   for name in sorted(set(cases_a) | set(cases_b)):
     if name not in cases_b:

@@ -425,7 +425,7 @@ def _label_cells(ax: Any, data: np.ndarray, integer: bool, colour: Callable[[flo
     if not np.isfinite(value):
       text, ink = ("nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")), "black"
     else:
-      red, green, blue, _ = colour(value)
+      red, green, blue, _ = colour(value)  # pyright: ignore[reportArgumentType]  # a scalar
       text = f"{value:.0f}"
       ink = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white"
     ax.text(c, r, text, ha="center", va="center", fontsize=8, color=ink)

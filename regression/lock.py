@@ -127,16 +127,17 @@ def _platform(directory: Path) -> tuple[Callable[[int], bool], Callable[[int], N
       raise OSError(errno.ENOSYS, "this platform has no file lock (neither fcntl nor msvcrt)",
                     str(directory)) from None
 
+    # msvcrt's stub declares these on Windows only, where this branch runs.
     def try_msvcrt(fd: int) -> bool:
       try:
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # the file position stays at 0
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # pyright: ignore[reportAttributeAccessIssue]  # the file position stays at 0
       except OSError as e:
         if e.errno in (errno.EACCES, errno.EDEADLOCK):  # another process has it
           return False
         raise
       return True
 
-    return try_msvcrt, lambda fd: msvcrt.locking(fd, msvcrt.LK_UNLCK, 1), directory / LOCK_FILE
+    return try_msvcrt, lambda fd: msvcrt.locking(fd, msvcrt.LK_UNLCK, 1), directory / LOCK_FILE  # pyright: ignore[reportAttributeAccessIssue]
 
   def try_flock(fd: int) -> bool:
     try:

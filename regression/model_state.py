@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 # The attributes that put a Flax module in train or eval mode, and what each value means.
-MODE_FLAGS = {
+MODE_FLAGS: dict[str, dict[bool | None, str]] = {
     "use_running_average": {True: "eval mode", False: "the model is in train mode"},
     "deterministic": {True: "eval mode", False: "dropout is active: the model is in train mode"},
 }
@@ -68,7 +68,8 @@ def _value(variable: Any) -> Any:
 
 def is_key(value: Any) -> bool:
   """Whether ``value`` is a typed PRNG key array (an ``RngKey``'s value)."""
-  return jax.dtypes.issubdtype(getattr(value, "dtype", np.float32), jax.dtypes.prng_key)
+  # jax.dtypes.issubdtype is public (jax's API docs) but not re-exported with `as` in its stub.
+  return jax.dtypes.issubdtype(getattr(value, "dtype", np.float32), jax.dtypes.prng_key)  # pyright: ignore[reportPrivateImportUsage]
 
 
 def host(value: Any) -> np.ndarray:
@@ -202,7 +203,8 @@ def capture(model: nnx.Module) -> Iterator[list[dict[str, Any]]]:
       finally:
         active.discard(key)
       leaves = jax.tree_util.tree_leaves(out)
-      if leaves and not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+      # jax imports jax.core itself; pyright wants the submodule imported by name.
+      if leaves and not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # pyright: ignore[reportAttributeAccessIssue]
         path = paths[key]
         seen[path] = seen.get(path, 0) + 1
         calls.append({"path": path if seen[path] == 1 else f"{path}#{seen[path]}",
@@ -242,8 +244,8 @@ def schema_changes(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[st
   lines = []
   for path in sorted(set(old) | set(new)):
     a, b = old.get(path), new.get(path)
-    if b is None:
-      lines.append(f"`{path}`: {a['type']} {_shape_text(a)} is gone from the model's state")
+    if b is None:  # then a is not None: path is in one of them
+      lines.append(f"`{path}`: {a['type']} {_shape_text(a)} is gone from the model's state")  # pyright: ignore[reportOptionalSubscript, reportArgumentType]
     elif a is None:
       lines.append(f"`{path}`: new {b['type']} {_shape_text(b)} in the model's state")
     elif (a["type"], a["shape"], a["dtype"]) != (b["type"], b["shape"], b["dtype"]):
@@ -275,7 +277,8 @@ def weight_changes(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[st
   (``order``: module paths in call order), then by path.
   """
   old, new = {e["path"]: e for e in before}, {e["path"]: e for e in now}
-  params = [p for p in set(old) | set(new) if (old.get(p) or new.get(p))["type"] == "Param"]
+  # Each p is in old or new, so one of the two gets is not None.
+  params = [p for p in set(old) | set(new) if (old.get(p) or new.get(p))["type"] == "Param"]  # pyright: ignore[reportOptionalSubscript]
   rank = {path: i for i, path in enumerate(order)}
 
   def called(path: str) -> tuple[int, str]:

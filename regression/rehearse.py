@@ -282,7 +282,8 @@ def _fold_pytest(report: Report, outcome: _Outcome, pytest_paths: Sequence[str] 
   tested = outcome.tested
   if tested is not None:
     meaning = PYTEST_EXITS.get(tested, (2, "an unknown status"))[1]
-    text = f"{shlex.join(['pytest', *pytest_paths])} exited {tested} ({meaning}), comparing only"
+    # pytest ran (tested is set) only with pytest_paths given.
+    text = f"{shlex.join(['pytest', *pytest_paths])} exited {tested} ({meaning}), comparing only"  # pyright: ignore[reportOptionalIterable]
     report.notes.append(f"rehearsal: {text}")
     if outcome.error:
       report.error = outcome.error + (f"; {report.error}" if report.error else "")

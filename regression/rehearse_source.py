@@ -88,7 +88,8 @@ class Source:
     return Snapshot(f"{name} @ {copy.as_uri()}", self._hash(copied))
 
   def _name(self, path: Path) -> str:
-    return path.relative_to(self.root).as_posix()
+    # Called only on the paths files() lists, which is empty when root is None.
+    return path.relative_to(self.root).as_posix()  # pyright: ignore[reportArgumentType]
 
   def _hash(self, files: Iterable[tuple[str, bytes]]) -> str:
     h = hashlib.sha256(f"{self.url} {self.version}".encode())

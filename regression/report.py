@@ -284,9 +284,10 @@ def timing_lines(timings: Sequence[Timing], *, every: bool = False) -> list[str]
   if not both:
     return []
   lines = []
+  # `both` holds the timings whose compile times are not None (pyright does not narrow them).
   for what, before, now in (
-      ("compile (lower+compile)", sum(t.compile_before for t in both),
-       sum(t.compile_now for t in both)),
+      ("compile (lower+compile)", sum(t.compile_before for t in both),  # pyright: ignore[reportCallIssue, reportArgumentType]
+       sum(t.compile_now for t in both)),  # pyright: ignore[reportCallIssue, reportArgumentType]
       ("steady median, summed", sum(t.steady_before or 0 for t in both),
        sum(t.steady_now or 0 for t in both)),
   ):
@@ -301,8 +302,9 @@ def timing_lines(timings: Sequence[Timing], *, every: bool = False) -> list[str]
         t.steady_before, t.steady_now)
     prefix = "" if every else "largest mover: "
     more = "" if every or len(moved) == 1 else f"; {len(moved) - 1} more with --timing"
+    # what is in t.changed(), so its before and now are both known (Timing.ratios).
     lines.append(f"  {prefix}{t.case}: {what} {_seconds(before)} -> {_seconds(now)} "
-                 f"(x{now / before:.2f}){more}")
+                 f"(x{now / before:.2f}){more}")  # pyright: ignore[reportOperatorIssue]
   return lines
 
 

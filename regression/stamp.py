@@ -79,7 +79,8 @@ def git_revision(where: str | os.PathLike | None = None) -> dict[str, Any]:
   rev = _git(where, "rev-parse", "HEAD") if where is not None else None
   if rev is None:
     return {"revision": None, "dirty": None}
-  status = _git(where, "status", "--porcelain", "--untracked-files=no")
+  # rev is None whenever where is.
+  status = _git(where, "status", "--porcelain", "--untracked-files=no")  # pyright: ignore[reportArgumentType]
   return {"revision": rev, "dirty": bool(status) if status is not None else None}
 
 
@@ -88,7 +89,7 @@ def installed_versions() -> dict[str, str | None]:
 
   Read from package metadata, without importing anything.
   """
-  versions = {"python": platform.python_version()}
+  versions: dict[str, str | None] = {"python": platform.python_version()}
   for dist, key in _PACKAGES:
     versions[key] = _version(dist)
   return versions

@@ -257,7 +257,8 @@ def write_baseline(
   check_writable(out, force=force)
   manifest, stored = build_manifest(fields, arrays)
   npz = io.BytesIO()
-  np.savez_compressed(npz, **stored)
+  # NumPy's stub reads the keywords as its allow_pickle too; the keys are array names.
+  np.savez_compressed(npz, **stored)  # pyright: ignore[reportArgumentType]
   keep = {MANIFEST, arrays_name(manifest)}
   out.parent.mkdir(parents=True, exist_ok=True)
   with _lock(out.parent, LOCK_TIMEOUT_S):

@@ -1,0 +1,244 @@
+"""The public API's annotations where users meet them: pyright on a user's own files.
+
+``make typecheck`` runs these (``-m typecheck``; the default suite skips them). They need the
+``typecheck`` extra (pyright, with the Node.js it runs on, as wheels). pyright reads nnx_pool
+as installed (laid out by docs/site_src/installed_layout.py into a temporary folder), in its
+default ``standard`` mode, the one a user who runs ``pyright`` gets.
+
+* ``user_ok.py`` uses the public API correctly, states the types it expects with
+  ``typing.assert_type`` (the ``(values, indices)`` tuple of ``return_indices=True`` among
+  them) and must check without a diagnostic. It also runs, so every call in it is a real one.
+* ``user_misuse.py`` holds one mistake a line, each marked with the pyright rule that must
+  report it there: a missing or wrong annotation lets one through, and the test names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.typecheck,
+    pytest.mark.skipif("'typecheck' not in (config.getoption('markexpr') or '')",
+                       reason="runs pyright on a user's files: `make typecheck` (-m typecheck)"),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+PYRIGHT = Path(sys.executable).with_name("pyright")
+
+USER_OK = '''
+"""A user's model and checks, written against nnx-pool's public API."""
+
+import sys
+from pathlib import Path
+from typing import assert_type
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from nnx_pool import (
+  AdaptiveAvgPool,
+  AdaptiveMaxPool,
+  AvgPool,
+  BlurPool,
+  FractionalMaxPool,
+  GeMPool,
+  GlobalAvgPool,
+  MaxPool,
+  MaxUnpool,
+  MedianPool,
+  SelectAdaptivePool,
+  SqueezeExcitation,
+  output_shape,
+)
+from nnx_pool import functional as F
+from nnx_pool.regression.guard import Guard, Outcome
+from nnx_pool.regression.pytest_plugin import Regression
+
+
+class Stem(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.conv = nnx.Conv(3, 8, (3, 3), rngs=rngs)
+    self.se = SqueezeExcitation(8, rngs=rngs)
+    self.head = GeMPool(in_features=8)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = F.max_pool(self.conv(x), 3, 2, 1)  # the functional twin returns one array
+    return self.head(self.se(y))
+
+
+x = jnp.ones((2, 8, 8, 3))
+assert_type(Stem(nnx.Rngs(0))(x), jax.Array)
+
+# The window arguments: ints, NumPy ints, tuples of them; padding in every form.
+assert_type(AvgPool(2)(x), jax.Array)
+assert_type(AvgPool((2, 2), np.int64(1), ((1, 0), (0, 1)), count_include_pad=False)(x),
+            jax.Array)
+assert_type(F.avg_pool(x, 2, 2, "SAME"), jax.Array)
+assert_type(F.lp_pool(x, 2.0, (2, 2)), jax.Array)
+assert_type(output_shape((8, 112, 112, 64), 3, 2, 1), tuple[int, ...])
+
+# return_indices: the functions' result type follows a literal True or False.
+assert_type(F.max_pool(x, 3, 2, 1), jax.Array)
+values, indices = F.max_pool(x, 2, 2, return_indices=True)
+assert_type(values, jax.Array)
+assert_type(indices, jax.Array)
+assert_type(F.min_pool(x, 2, 2, return_indices=True), tuple[jax.Array, jax.Array])
+flag = bool(sys.argv[0])
+assert_type(F.max_pool(x, 2, 2, return_indices=flag), jax.Array | tuple[jax.Array, jax.Array])
+assert_type(F.adaptive_max_pool(x, 3, return_indices=True), tuple[jax.Array, jax.Array])
+assert_type(F.max_unpool(values, indices, 2, output_size=(8, 8)), jax.Array)
+key = jax.random.key(0)
+assert_type(F.fractional_max_pool(x, 2, 3, key=key, return_indices=True),
+            tuple[jax.Array, jax.Array])
+
+# A module's result depends on its constructor's return_indices: the union of both.
+pooled = MaxPool(2, return_indices=True)(x)
+assert_type(pooled, jax.Array | tuple[jax.Array, jax.Array])
+assert isinstance(pooled, tuple)
+values, indices = pooled
+assert_type(MaxUnpool(2)(values, indices, output_size=(8, 8)), jax.Array)
+assert_type(AdaptiveMaxPool((3, None))(x), jax.Array | tuple[jax.Array, jax.Array])
+assert_type(FractionalMaxPool(2, output_ratio=0.5)(x, rngs=nnx.Rngs(dropout=0)),
+            jax.Array | tuple[jax.Array, jax.Array])
+
+assert_type(AdaptiveAvgPool((7, None))(x), jax.Array)
+assert_type(GlobalAvgPool(keepdims=True)(x), jax.Array)
+assert_type(SelectAdaptivePool(1, pool_type="catavgmax", flatten=True)(x), jax.Array)
+assert_type(BlurPool(3, 2)(x), jax.Array)
+assert_type(MedianPool(3, padding=1)(x), jax.Array)
+assert_type(F.gem_pool(x, 3.0), jax.Array)
+
+
+# The regression kit: a guard in a script, and the pytest fixture's object.
+def guard_pool(directory: Path) -> Outcome:
+  return Guard(directory, update=True).check("avg_pool_2x2", AvgPool(2), x)
+
+
+def test_pool(nnx_regression: Regression) -> None:
+  nnx_regression.check("max_pool", MaxPool(3, 2, 1), x)
+
+
+if len(sys.argv) > 1:
+  assert guard_pool(Path(sys.argv[1])).status == "written"
+'''
+
+# Each line ends with the pyright rule that must report it on that line.
+USER_MISUSE = '''
+"""Mistakes a user can make with nnx-pool, each one caught by its annotations."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from nnx_pool import AdaptiveAvgPool, AvgPool, MaxPool, SqueezeExcitation, output_shape
+from nnx_pool import functional as F
+from nnx_pool.regression.guard import Guard
+
+x = jnp.ones((2, 8, 8, 3))
+pool = MaxPool(3, 2, 1)
+
+MaxPool("3")  # expect: reportArgumentType
+MaxPool(3, padding=1.5)  # expect: reportArgumentType
+MaxPool(3, stride=2)  # expect: reportCallIssue
+pool()  # expect: reportCallIssue
+pool(x, x)  # expect: reportCallIssue
+count: int = AvgPool(2)(x)  # expect: reportAssignmentType
+F.avg_pool(x, (2, 2), None)  # expect: reportArgumentType
+F.max_pool(x, (2, "2"), 2)  # expect: reportArgumentType
+F.max_pool(x, 2, 2, return_indices=True).shape  # expect: reportAttributeAccessIssue
+values, indices, extra = F.max_pool(x, 2, 2, return_indices=True)  # expect: reportAssignmentType
+F.max_unpool(x, 2, 2)  # expect: reportArgumentType
+F.gem_pool(x, p="3")  # expect: reportArgumentType
+AdaptiveAvgPool("7")  # expect: reportArgumentType
+SqueezeExcitation(8)  # expect: reportCallIssue
+output_shape((1, 8, 8, 3), 2.0)  # expect: reportArgumentType
+Guard(3)  # expect: reportArgumentType
+Guard(".").check(0, pool, x)  # expect: reportArgumentType
+
+
+def pooled(y: jax.Array) -> int:
+  return F.avg_pool(y, 2, 2)  # expect: reportReturnType
+
+
+def layer(rngs: nnx.Rngs) -> nnx.Module:
+  return SqueezeExcitation(8, rd_ratio="1/16", rngs=rngs)  # expect: reportArgumentType
+'''
+
+EXPECT = re.compile(r"# expect: (\w+)$")
+
+
+def _expected(source: str) -> set[tuple[int, str]]:
+  """``(line, rule)`` for each line marked ``# expect: rule`` (1-based lines, as editors)."""
+  return {(number, match.group(1)) for number, line in enumerate(source.splitlines(), 1)
+          if (match := EXPECT.search(line))}
+
+
+@pytest.fixture(scope="module")
+def diagnostics(tmp_path_factory) -> dict[str, list[tuple[int, str, str, str]]]:
+  """pyright's diagnostics for each user file: ``(line, severity, rule, message)``."""
+  if not PYRIGHT.exists():
+    pytest.fail(f"pyright is not installed beside {sys.executable}: pip install -e '.[typecheck]'"
+                " (make typecheck does).")
+  work = tmp_path_factory.mktemp("user")
+  layout = work / "installed"
+  done = subprocess.run([sys.executable, str(ROOT / "docs" / "site_src" / "installed_layout.py"),
+                         str(layout)], capture_output=True, text=True, timeout=60, check=False)
+  assert done.returncode == 0, done.stderr
+  project = work / "project"
+  project.mkdir()
+  (project / "user_ok.py").write_text(USER_OK)
+  (project / "user_misuse.py").write_text(USER_MISUSE)
+  (project / "pyrightconfig.json").write_text(json.dumps({
+      "include": ["user_ok.py", "user_misuse.py"], "extraPaths": [str(layout)],
+      "typeCheckingMode": "standard", "pythonVersion": "3.11"}))
+  done = subprocess.run([str(PYRIGHT), "--outputjson", "--pythonpath", sys.executable],
+                        cwd=project, capture_output=True, text=True, timeout=120, check=False)
+  try:
+    report = json.loads(done.stdout)
+  except json.JSONDecodeError:
+    pytest.fail(f"pyright gave no JSON report (exit {done.returncode}): {done.stderr}")
+  found: dict[str, list[tuple[int, str, str, str]]] = {"user_ok.py": [], "user_misuse.py": []}
+  for d in report["generalDiagnostics"]:
+    found[Path(d["file"]).name].append((d["range"]["start"]["line"] + 1, d["severity"],
+                                        d.get("rule", ""), d["message"]))
+  return found
+
+
+def test_correct_use_of_the_public_api_checks_clean(diagnostics):
+  lines = USER_OK.splitlines()
+  found = [f"line {n} ({severity}, {rule}): {lines[n - 1].strip()}\n  {message}"
+           for n, severity, rule, message in diagnostics["user_ok.py"]]
+  assert not found, "correct code that pyright refuses:\n" + "\n".join(found)
+
+
+def test_each_misuse_is_reported_on_its_line(diagnostics):
+  expected = _expected(USER_MISUSE)
+  assert len(expected) == USER_MISUSE.count("# expect:")  # one mistake a line
+  errors = {(line, rule) for line, severity, rule, _ in diagnostics["user_misuse.py"]
+            if severity == "error"}
+  lines = USER_MISUSE.splitlines()
+  missed = [f"line {n}: {lines[n - 1].strip()}" for n, rule in sorted(expected - errors)]
+  assert not missed, "a misuse that no annotation catches:\n" + "\n".join(missed)
+  unexpected = [f"line {n} ({severity}, {rule}): {message}"
+                for n, severity, rule, message in diagnostics["user_misuse.py"]
+                if (n, rule) not in expected]
+  assert not unexpected, "\n".join(unexpected)
+
+
+def test_the_correct_file_runs(tmp_path):
+  """Every call in user_ok.py is one nnx-pool accepts: run it (the guard records a baseline)."""
+  script = tmp_path / "user_ok.py"
+  script.write_text(USER_OK)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run([sys.executable, str(script), str(tmp_path / "baselines")],
+                        capture_output=True, text=True, timeout=120, check=False, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
