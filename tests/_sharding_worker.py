@@ -77,6 +77,17 @@ def _rngs():
   return nnx.Rngs(0)
 
 
+class _WithSamples(nnx.Module):
+  """A FractionalMaxPool called as ``module(x, samples)``: the cases pass arrays positionally,
+  and the samples are batched like ``x`` (PyTorch's ``_random_samples``, (N, C, 2))."""
+
+  def __init__(self, pool):
+    self.pool = pool
+
+  def __call__(self, x, samples):
+    return self.pool(x, samples=samples)
+
+
 # name -> (factory, kind of comparison, what is passed). "exact": max/min/indices;
 # "close": averages, gates. Unpooling takes the values and indices of a max pool.
 CASES = {
@@ -108,6 +119,10 @@ CASES = {
                                                      rngs=_rngs()), "close"),
     "AttentionPoolLatent": (lambda: nnx_pool.AttentionPoolLatent(CHANNELS, num_heads=2,
                                                                  rngs=_rngs()), "close"),
+    "BlurPool": (lambda: nnx_pool.BlurPool(), "close"),
+    "MedianPool": (lambda: nnx_pool.MedianPool(3, 1, 1), "exact"),
+    "FractionalMaxPool": (
+        lambda: _WithSamples(nnx_pool.FractionalMaxPool(2, 5, return_indices=True)), "exact"),
 }
 # The input of a case that does not take the (BATCH, SIZE, SIZE, CHANNELS) map: tokens.
 INPUT_SHAPES = {"AttentionPoolLatent": (BATCH, SIZE * SIZE, CHANNELS)}
@@ -160,6 +175,9 @@ def _count(hlo: str) -> dict[str, int]:
 
 
 def _args(name: str, x: jax.Array) -> tuple[jax.Array, ...]:
+  if name == "FractionalMaxPool":  # fixed samples, one (W, H) pair per (example, channel)
+    samples = np.random.default_rng(0).uniform(size=(x.shape[0], x.shape[-1], 2))
+    return x, jnp.asarray(samples, jnp.float32)
   if name != "MaxUnpool":
     return (x,)
   # The values and indices of a max pool (computed on one device, then placed).

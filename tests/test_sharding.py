@@ -62,7 +62,7 @@ DATA_PARALLEL = (
     "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "SelectAdaptivePool",
     "SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM",
     "LightCBAM", "GlobalContext", "GeMPool", "LsePlusPool", "AttentionPool",
-    "AttentionPoolLatent",
+    "AttentionPoolLatent", "BlurPool", "MedianPool", "FractionalMaxPool",
 )
 SPATIAL = (
     "GlobalAvgPool", "GlobalMaxPool", "SelectAdaptivePool", "SqueezeExcitation",
