@@ -188,7 +188,7 @@ def _configure(filter_size, strides, pad_mode, num_spatial_dims, in_features):
   ndim = spatial_dims(num_spatial_dims, filter_size=filter_size, strides=strides)
   entries = filter_size if isinstance(filter_size, Sequence) and not isinstance(
       filter_size, str) else (filter_size,)
-  if all(is_int(k) for k in entries) and min(entries) < 2:  # before as_tuple's ">= 1"
+  if all(is_int(k) for k in entries) and min(int(k) for k in entries) < 2:  # not ">= 1"
     raise ValueError(
         f"`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; "
         f"timm asserts filt_size > 1); got {filter_size!r}. For a plain strided subsample "
