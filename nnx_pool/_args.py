@@ -13,11 +13,15 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable
+from typing import Literal, ParamSpec, TypeGuard, TypeVar, overload
 
 import numpy as np
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
-def is_int(value) -> bool:
+
+def is_int(value) -> TypeGuard[int | np.integer]:
   """Whether ``value`` is a Python or NumPy integer, not a bool."""
   return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -28,6 +32,10 @@ def check_bool(value, name: str) -> bool:
   return bool(value)
 
 
+@overload
+def check_positive_int(value, name: str, *, optional: Literal[False] = False) -> int: ...
+@overload
+def check_positive_int(value, name: str, *, optional: bool) -> int | None: ...
 def check_positive_int(value, name: str, *, optional: bool = False) -> int | None:
   """A positive int (or None when ``optional``) as a Python int."""
   if optional and value is None:
@@ -99,7 +107,7 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def flax_names(fn: Callable) -> Callable:
+def flax_names(fn: Callable[_P, _R]) -> Callable[_P, _R]:
   """Wraps a public function or ``__init__`` so that a wrong keyword names the public API.
 
   A peer's name for one of ``fn``'s arguments (:data:`PEER_NAMES`) is a TypeError

@@ -43,7 +43,7 @@ from flax import nnx
 from jax import lax
 
 from nnx_pool._args import flax_names, is_int
-from nnx_pool._geometry import as_tuple, spatial_dims
+from nnx_pool._geometry import SizeLike, as_tuple, spatial_dims
 from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype
@@ -118,7 +118,7 @@ def _strided_sum(x: jax.Array, axis: int, coeffs: tuple[float, ...], stride: int
     tap = lax.slice_in_dim(x, j, j + (out - 1) * stride + 1, stride, axis) * jnp.asarray(
         c, x.dtype)
     total = tap if total is None else total + tap
-  return total
+  return total  # pyright: ignore[reportReturnType]  # not None: a filter has at least one tap
 
 
 def _strided_sum_adjoint(ct: jax.Array, axis: int, length: int, coeffs: tuple[float, ...],
@@ -215,7 +215,8 @@ def _blur(inputs, filter_size: tuple[int, ...], strides: tuple[int, ...], pad_mo
 
 
 @flax_names
-def blur_pool(inputs, filter_size=3, strides=2, *, pad_mode: str = "reflect",
+def blur_pool(inputs: jax.Array, filter_size: SizeLike = 3, strides: SizeLike = 2, *,
+              pad_mode: str = "reflect",
               num_spatial_dims: int | None = None, in_features: int | None = None) -> jax.Array:
   """A binomial blur then a stride, timm's ``BlurPool2d``: the function of :class:`BlurPool`.
 
@@ -282,12 +283,12 @@ class BlurPool(nnx.Module):
   """
 
   @flax_names
-  def __init__(self, filter_size=3, strides=2, *, pad_mode: str = "reflect",
+  def __init__(self, filter_size: SizeLike = 3, strides: SizeLike = 2, *, pad_mode: str = "reflect",
                in_features: int | None = None, num_spatial_dims: int | None = None):
     self.filter_size, self.strides, self.pad_mode, self.in_features = _configure(
         filter_size, strides, pad_mode, num_spatial_dims, in_features)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Blurs and subsamples ``(*batch, *spatial, C)`` to ``(*batch, *out, C)``.
 
     ``out = (length + 2 * pad - filter_size) // stride + 1`` per dim, with timm's

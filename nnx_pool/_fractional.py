@@ -47,15 +47,17 @@ import itertools
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax import lax
+from jax.typing import ArrayLike
 
 from nnx_pool._args import check_bool, flax_names
-from nnx_pool._geometry import as_tuple, spatial_dims
+from nnx_pool._geometry import SizeLike, as_tuple, spatial_dims
 from nnx_pool._jit import kernel
 from nnx_pool._layout import (
   as_array,
@@ -131,14 +133,15 @@ def _argmax(x: jax.Array, samples: jax.Array, window: tuple[int, ...],
     for (start, stride), j in zip(starts, offset, strict=True):
       term = (start + j) * stride
       flat = term if flat is None else flat + term
-    flat = jnp.broadcast_to(flat, full)
+    flat = jnp.broadcast_to(flat, full)  # pyright: ignore[reportArgumentType]  # not None: ndim >= 1
     tap = jnp.take_along_axis(flat_x, flat.reshape(n, -1, c), axis=1).reshape(full)
     if best is None:
       best, arg = tap, flat
       continue
     better = replaces(tap, best, "max")
-    best, arg = jnp.where(better, tap, best), jnp.where(better, flat, arg)
-  return arg
+    # arg is set with best, at the first offset; pyright does not pair the two.
+    best, arg = jnp.where(better, tap, best), jnp.where(better, flat, arg)  # pyright: ignore[reportArgumentType]
+  return arg  # pyright: ignore[reportReturnType]  # not None: a window has an offset
 
 
 @kernel(static_argnums=(2, 3, 4))
@@ -170,7 +173,7 @@ def _check_ratio(value, ndim: int) -> tuple[float, ...]:
   if not all(isinstance(r, numbers.Real) and not isinstance(r, (bool, np.bool_))
              for r in ratios):
     raise TypeError(f"`output_ratio` must be {_RATIO_FORMS}; got {value!r}.")
-  if not all(0 < r < 1 for r in ratios):
+  if not all(0 < r < 1 for r in ratios):  # pyright: ignore[reportOperatorIssue]  # numbers, above
     raise ValueError(
         f"`output_ratio` must be {_RATIO_FORMS} (PyTorch's range); got {value!r}. For an "
         "output as large as the input, pool with output_size instead.")
@@ -233,7 +236,7 @@ def _samples_from(samples, key, x_dtype, batch: tuple[int, ...], channels: int, 
         f"samples=<array of shape {(*batch, channels, ndim)} in [0, 1)> (PyTorch's "
         f"_random_samples) or {hint}.")
   if samples is None:
-    return jax.random.uniform(key, (n, channels, ndim), dtype=x_dtype)
+    return jax.random.uniform(key, (n, channels, ndim), dtype=x_dtype)  # pyright: ignore[reportArgumentType]  # set: one of the two is
   samples = as_array(samples, "samples")
   if not jnp.issubdtype(samples.dtype, jnp.floating):
     raise TypeError(
@@ -301,10 +304,35 @@ def _fractional(inputs, window: tuple[int, ...], sizes, ratios, return_indices: 
 # ----------------------------------------------------------------------------
 
 
+# With return_indices=True the result is (values, indices), as for functional.max_pool.
+@overload
+def fractional_max_pool(
+    inputs: jax.Array, window_shape: SizeLike, output_size: SizeLike | None = None, *,
+    output_ratio: float | Sequence[float] | None = None, samples: ArrayLike | None = None,
+    key: jax.Array | None = None, return_indices: Literal[False] = False,
+    num_spatial_dims: int | None = None, in_features: int | None = None,
+) -> jax.Array: ...
+@overload
+def fractional_max_pool(
+    inputs: jax.Array, window_shape: SizeLike, output_size: SizeLike | None = None, *,
+    output_ratio: float | Sequence[float] | None = None, samples: ArrayLike | None = None,
+    key: jax.Array | None = None, return_indices: Literal[True],
+    num_spatial_dims: int | None = None, in_features: int | None = None,
+) -> tuple[jax.Array, jax.Array]: ...
+@overload
+def fractional_max_pool(
+    inputs: jax.Array, window_shape: SizeLike, output_size: SizeLike | None = None, *,
+    output_ratio: float | Sequence[float] | None = None, samples: ArrayLike | None = None,
+    key: jax.Array | None = None, return_indices: bool,
+    num_spatial_dims: int | None = None, in_features: int | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]: ...
 @flax_names
-def fractional_max_pool(inputs, window_shape, output_size=None, *, output_ratio=None,
-                        samples=None, key=None, return_indices: bool = False,
-                        num_spatial_dims: int | None = None, in_features: int | None = None):
+def fractional_max_pool(
+    inputs: jax.Array, window_shape: SizeLike, output_size: SizeLike | None = None, *,
+    output_ratio: float | Sequence[float] | None = None, samples: ArrayLike | None = None,
+    key: jax.Array | None = None, return_indices: bool = False,
+    num_spatial_dims: int | None = None, in_features: int | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
   """Fractional max pooling, PyTorch's ``fractional_max_pool2d/3d``: :class:`FractionalMaxPool`'s
   function.
 
@@ -385,14 +413,17 @@ class FractionalMaxPool(nnx.Module):
   """
 
   @flax_names
-  def __init__(self, window_shape, output_size=None, *, output_ratio=None,
+  def __init__(self, window_shape: SizeLike, output_size: SizeLike | None = None, *,
+               output_ratio: float | Sequence[float] | None = None,
                return_indices: bool = False, in_features: int | None = None,
                num_spatial_dims: int | None = None):
     (self.window_shape, self.output_size, self.output_ratio, self.return_indices,
      self.in_features) = _configure(window_shape, output_size, output_ratio, return_indices,
                                     num_spatial_dims, in_features)
 
-  def __call__(self, inputs, *, samples=None, rngs=None):
+  def __call__(self, inputs: jax.Array, *, samples: ArrayLike | None = None,
+               rngs: nnx.Rngs | nnx.RngStream | jax.Array | None = None
+               ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Pools ``(*batch, *spatial, C)`` to ``(*batch, *out, C)``.
 
     Args:

@@ -42,7 +42,14 @@ from flax import nnx
 from nnx_pool._adjoint import gather
 from nnx_pool._args import check_bool, flax_names, is_int
 from nnx_pool._blur import check_torch_pads, torch_pad
-from nnx_pool._geometry import Geometry, PaddingLike, Window, parse_padding, spatial_dims
+from nnx_pool._geometry import (
+  Geometry,
+  PaddingLike,
+  SizeLike,
+  Window,
+  parse_padding,
+  spatial_dims,
+)
 from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
 from nnx_pool._taps import taps
@@ -82,7 +89,7 @@ def _median_forward(x: jax.Array, geom: Geometry) -> tuple[jax.Array, jax.Array]
       first_nan = (jnp.where(nan, jnp.int32(i), first_nan) if first_nan is not None
                    else jnp.full(nan.shape, i, jnp.int32))
       any_nan = nan if any_nan is None else any_nan | nan
-    arg = jnp.where(any_nan, first_nan, arg)
+    arg = jnp.where(any_nan, first_nan, arg)  # pyright: ignore[reportArgumentType]  # the loop ran: n >= 1
   values = views[0]
   for i in range(1, n):
     values = jnp.where(arg == i, views[i], values)
@@ -179,7 +186,8 @@ def _median(inputs, window: Window, pads: Pads, same: bool, in_features, name: s
 
 
 @flax_names
-def median_pool(inputs, window_shape=3, strides=1, padding: PaddingLike = 0, *,
+def median_pool(inputs: jax.Array, window_shape: SizeLike = 3, strides: SizeLike = 1,
+                padding: PaddingLike = 0, *,
                 same: bool = False, num_spatial_dims: int | None = None,
                 in_features: int | None = None) -> jax.Array:
   """The lower median of each window, timm's ``MedianPool2d``: the function of :class:`MedianPool`.
@@ -250,13 +258,14 @@ class MedianPool(nnx.Module):
   """
 
   @flax_names
-  def __init__(self, window_shape=3, strides=1, padding: PaddingLike = 0, *,
+  def __init__(self, window_shape: SizeLike = 3, strides: SizeLike = 1,
+               padding: PaddingLike = 0, *,
                same: bool = False, in_features: int | None = None,
                num_spatial_dims: int | None = None):
     self.window, self.padding, self.same, self.in_features = _configure(
         window_shape, strides, padding, same, num_spatial_dims, in_features)
 
-  def __call__(self, inputs) -> jax.Array:
+  def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(*batch, *spatial, C)`` to ``(*batch, *out, C)``.
 
     ``out = (length + low + high - window) // stride + 1`` per dim; with
