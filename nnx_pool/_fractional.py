@@ -127,6 +127,7 @@ def _argmax(x: jax.Array, samples: jax.Array, window: tuple[int, ...],
     stride = math.prod(spatial[axis + 1:])
     starts.append((jnp.swapaxes(start, 1, 2).reshape(shape), stride))
   full = (n, *out_shape, c)
+  cells = math.prod(out_shape)  # not -1: N or C may be 0
   best = arg = None
   for offset in itertools.product(*(range(k) for k in window)):
     flat = None
@@ -134,7 +135,7 @@ def _argmax(x: jax.Array, samples: jax.Array, window: tuple[int, ...],
       term = (start + j) * stride
       flat = term if flat is None else flat + term
     flat = jnp.broadcast_to(flat, full)  # pyright: ignore[reportArgumentType]  # not None: ndim >= 1
-    tap = jnp.take_along_axis(flat_x, flat.reshape(n, -1, c), axis=1).reshape(full)
+    tap = jnp.take_along_axis(flat_x, flat.reshape(n, cells, c), axis=1).reshape(full)
     if best is None:
       best, arg = tap, flat
       continue
@@ -156,7 +157,8 @@ def fractional_max(x: jax.Array, samples: jax.Array, window: tuple[int, ...],
   index = _argmax(lax.stop_gradient(x), samples.astype(x.dtype), window, out_shape)
   n, c = x.shape[0], x.shape[-1]
   flat_x = x.reshape(n, math.prod(x.shape[1:-1]), c)
-  values = jnp.take_along_axis(flat_x, index.reshape(n, -1, c), axis=1).reshape(index.shape)
+  values = jnp.take_along_axis(flat_x, index.reshape(n, math.prod(out_shape), c),
+                               axis=1).reshape(index.shape)
   return (values, index) if return_indices else values
 
 

@@ -641,14 +641,10 @@ def test_window_larger_than_the_input_with_padding_or_ceil_mode_matches_mirror()
   assert raised_by_nnx_pool(info.value)
 
 
-# Gaps found here, with the library change each needs: {(module, where): reason}.
-_EMPTY_XFAIL = {
-    (name, where): (
-        "FractionalMaxPool's kernel reshapes the flat indices to (n, -1, c) (_fractional._argmax "
-        "and fractional_max), which JAX cannot resolve when N or C is 0 (ZeroDivisionError); "
-        "it needs math.prod(out_shape) in place of -1")
-    for name, where in (("FractionalMaxPool", "batch"), ("FractionalMaxPool", "channels"))
-}
+# Gaps found here, with the library change each needs: {(module, where): reason}. None
+# today (FractionalMaxPool's reshape to (n, -1, c) failed on N or C of 0 until it spelt
+# the size out).
+_EMPTY_XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _empty_params():
