@@ -17,9 +17,9 @@ taps compute window offsets, and JAX has no gradient for a dilated
 ``reduce_window`` max). Adaptive and global pools always use their own kernels.
 On ties both send the gradient to the first extremum (tested on CPU).
 
-The defaults below were chosen from measurements on XLA:CPU only: until a GPU or
-TPU run says otherwise, every backend uses ``"taps"``, whose semantics are the
-tested ones. :data:`IMPLEMENTATION_DEFAULTS` is a read-only view of them; change a
+The defaults below come from XLA:CPU and one NVIDIA H200 (docs/benchmarks.md): on
+the GPU neither implementation was faster, so every backend uses ``"taps"``, whose
+semantics are the tested ones. :data:`IMPLEMENTATION_DEFAULTS` is a read-only view of them; change a
 backend's default with :func:`set_default_implementation`, or the choice for a
 block of code with :func:`use_implementation`, which holds for the thread (or
 asyncio task) that enters it and no other.
