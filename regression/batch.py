@@ -37,20 +37,29 @@ from nnx_pool import (
   CBAM,
   AdaptiveAvgPool,
   AdaptiveMaxPool,
+  AttentionPool,
+  AttentionPoolLatent,
   AvgPool,
+  BlurPool,
   EffectiveSqueezeExcitation,
   EfficientChannelAttention,
+  FractionalMaxPool,
+  GeMPool,
   GlobalAvgPool,
+  GlobalContext,
   GlobalMaxPool,
+  LightCBAM,
   LPPool,
+  LsePlusPool,
   MaxPool,
   MaxUnpool,
+  MedianPool,
   MinPool,
   SelectAdaptivePool,
   SqueezeExcitation,
 )
 from nnx_pool.regression.constants import NAME
-from nnx_pool.regression.inputs import INPUTS
+from nnx_pool.regression.inputs import INPUTS, uniform
 from nnx_pool.regression.tolerance import KINDS
 
 
@@ -179,23 +188,25 @@ def call(cls: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
   return Call(cls, args, dict(kwargs))
 
 
-def case(name: str, ctor: Call, *, input: str, **fields: Any) -> Case:
+def case(name: str, ctor: Call, *, input: str, rngs: bool | None = None, **fields: Any) -> Case:
   """Builds a :class:`Case` that runs the module ``ctor`` makes.
 
   Args:
     name: the case name.
     ctor: the constructor call, from :func:`call`.
     input: the stored input's name.
+    rngs: pass ``rngs=nnx.Rngs(0)`` to the constructor (default None: when
+      ``params=True``); False for a module whose parameters start from its
+      arguments and take no ``rngs`` (GeMPool's ``p``).
     **fields: other :class:`Case` fields (``dtype``, ``tolerance``, ``indices``,
-      ``params``, ``grad``, ``raises``, ``note``); ``params=True`` also passes
-      ``rngs=nnx.Rngs(0)`` to the constructor.
+      ``params``, ``grad``, ``raises``, ``note``).
 
   Raises:
     TypeError: ``ctor`` is not a :class:`Call`, or a field is not a Case field.
   """
   if not isinstance(ctor, Call):
     raise TypeError(f"`ctor` must be a call(cls, *args, **kwargs); got {ctor!r}.")
-  ctor = dataclasses.replace(ctor, rngs=bool(fields.get("params")))
+  ctor = dataclasses.replace(ctor, rngs=bool(fields.get("params")) if rngs is None else rngs)
   return Case(name=name, build=ctor, input=input, module=ctor.cls.__name__,
               config=ctor.describe(), **fields)
 
@@ -449,25 +460,94 @@ def _eval_mode(cls: Any) -> Callable[..., Any]:
 
 
 def _gate_cases() -> list[Case]:
-  gate = dict(input="gate_map", tolerance="gate", params=True)
+  gate: dict[str, Any] = dict(input="gate_map", tolerance="gate", params=True)
   return [
       case("se_gate_map", call(SqueezeExcitation, 8), **gate),
       case("se_s4_hardsigmoid_map", call(SqueezeExcitation, 8, 4, gate=jax.nn.hard_sigmoid),
            **gate),
       case("se_nobias_unbatched", call(SqueezeExcitation, 8, 2, use_bias=False),
            input="gate_map_unbatched", tolerance="gate", params=True),
+      case("se_maxpool_norm_eval_gate_map",
+           call(_eval_mode(SqueezeExcitation), 8, 2, add_maxpool=True, norm=True), **gate,
+           note="timm SEModule's options: squeeze 0.5 * mean + 0.5 * max, BatchNorm after fc1"),
       case("ese_gate_map", call(EffectiveSqueezeExcitation, 8), **gate),
       case("eca_gate_map", call(EfficientChannelAttention, 8), **gate),
       case("eca_k5_gate_map", call(EfficientChannelAttention, 8, 5), **gate),
+      case("eca_circular_gate_map", call(EfficientChannelAttention, 8, 3, circular=True),
+           **gate, note="timm CecaModule: the first and last channels are neighbours"),
       case("cbam_eval_gate_map", call(_eval_mode(CBAM), 8, 2), **gate),
+      case("light_cbam_eval_gate_map",
+           call(_eval_mode(LightCBAM), 8, 2, spatial_kernel_size=3), **gate),
+      case("gc_fuse_add_gate_map", call(GlobalContext, 8, fuse_add=True, squeeze_features=2),
+           **gate, note="attention pooling, then both the additive and the scaling branch"),
       case("se_nchw", call(SqueezeExcitation, 8), input="nchw_gate", params=True, grad=False,
            raises=_CHANNELS_FIRST, tolerance="select"),
   ]
 
 
+def _attention_cases() -> list[Case]:
+  # Each head costs about a second of compiling (building, eager, jit, VJP): one case each.
+  return [
+      case("attn_pool_token_gate_map", call(AttentionPool, 8, feat_size=(5, 7), num_heads=2),
+           input="gate_map", tolerance="gate", params=True,
+           note="CLIP's head: the mean token's query over 1 + 5*7 tokens"),
+      case("attn_latent_tokens", call(AttentionPoolLatent, 8, num_heads=2, mlp_ratio=1.0),
+           input="gate_map_unbatched", tolerance="gate", params=True,
+           note="(5, 7, 8) read as 5 sequences of 7 tokens (N, L, C); an 8-wide MLP"),
+  ]
+
+
+def _generalized_cases() -> list[Case]:
+  # p and r are nnx.Params set from the arguments (no rngs); their gradients are recorded.
+  return [
+      case("gem_p3_positive", call(GeMPool, 3.0), input="positive", tolerance="global",
+           params=True, rngs=False),
+      case("lse_plus_r10_batch", call(LsePlusPool, 10.0), input="batch", tolerance="global",
+           params=True, rngs=False),
+  ]
+
+
+def _blur_median_cases() -> list[Case]:
+  return [
+      case("blur_f3s2_one", call(BlurPool, 3, 2), input="one",
+           note="binomial [1, 2, 1] filter, reflect padding, stride 2"),
+      case("median_k3_same_one", call(MedianPool, 3, 1, same=True), input="one",
+           tolerance="select", note="distinct values: the median is one input cell"),
+  ]
+
+
+# FractionalMaxPool's samples (PyTorch's _random_samples) are fixed per example; a batch of
+# k copies of the input (check --devices k) takes k copies of them.
+_FRACTIONAL_SALT = 29
+
+
+def _fractional_with_samples(window: tuple[int, int], output_size: tuple[int, int],
+                             per_example: tuple[int, int]) -> Callable[[Any], Any]:
+  pool = FractionalMaxPool(window, output_size, return_indices=True)
+  samples = uniform((*per_example, 2), _FRACTIONAL_SALT)
+
+  def pool_with_fixed_samples(x):
+    return pool(x, samples=jax.numpy.tile(samples, (x.shape[0] // per_example[0], 1, 1)))
+
+  return pool_with_fixed_samples
+
+
+def _fractional_cases() -> list[Case]:
+  window, size, per_example = (3, 3), (3, 4), (2, 3)
+  return [
+      Case("fractional_max_k3_out34_indices_asym",
+           functools.partial(_fractional_with_samples, window, size, per_example),
+           input="asym", module="FractionalMaxPool", tolerance="select", indices=True,
+           config=(f"FractionalMaxPool({window}, {size}, return_indices=True)(x, samples="
+                   f"uniform({(*per_example, 2)}, {_FRACTIONAL_SALT}))"),
+           note="windows of 3 overlap on 5x7: the gradient accumulates where they do"),
+  ]
+
+
 BUILDERS: tuple[Callable[[], list[Case]], ...] = (
     _max_cases, _min_cases, _avg_cases, _lp_cases, _global_cases, _adaptive_cases,
-    _select_adaptive_cases, _unpool_cases, _gate_cases,
+    _select_adaptive_cases, _unpool_cases, _gate_cases, _attention_cases, _generalized_cases,
+    _blur_median_cases, _fractional_cases,
 )
 
 

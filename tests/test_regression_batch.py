@@ -16,7 +16,7 @@ from nnx_pool.regression.batch import (
   select,
 )
 from nnx_pool.regression.batch_runner import run_case
-from nnx_pool.regression.inputs import INPUTS, make_cotangent, make_input
+from nnx_pool.regression.inputs import INPUTS, make_cotangent, make_input, uniform
 from nnx_pool.regression.stamp import SHIPPED
 
 
@@ -94,6 +94,9 @@ def test_batch_constructor_kwargs_are_apart_from_case_fields():
   with_params = case("rec_p", call(_Recorder, 4), input="one", params=True)
   assert with_params.config == "_Recorder(4, rngs=nnx.Rngs(0))"
   assert with_params.build().rngs is not None
+  # A module whose parameters come from its arguments (GeMPool's p) takes no rngs.
+  fixed = case("rec_f", call(_Recorder, 4), input="one", params=True, rngs=False)
+  assert fixed.params and fixed.config == "_Recorder(4)" and fixed.build().rngs is None
   with pytest.raises(TypeError, match="`ctor` must be a call"):
     case("bad", _Recorder, input="one")
   with pytest.raises(TypeError, match="unexpected keyword argument 'window'"):
@@ -132,7 +135,8 @@ def test_batch_spans_inputs_dtypes_and_options(batch):
   assert {"float32", "float16", "bfloat16", "int8", "int32"} <= {c.dtype for c in cases}
   configs = " ".join(c.config for c in cases)
   for option in ("dilation=2", "ceil_mode=True", "return_indices=True", "in_features=2",
-                 "'SAME'", "count_include_pad=False", "divisor_override=3", "((0, 1), (1, 0))"):
+                 "'SAME'", "count_include_pad=False", "divisor_override=3", "((0, 1), (1, 0))",
+                 "circular=True", "add_maxpool=True, norm=True"):
     assert option in configs, option
   per_module = {}
   for c in cases:
@@ -208,6 +212,47 @@ def test_batch_shipped_averages_match_the_mirror(shipped):
   _close(batch["output"], reference.global_avg_pool(batch["input"]), 1e-5, 1e-5)
   asym = _stored(shipped, "adaptive_avg_34_asym")
   _close(asym["output"], reference.adaptive_avg_pool(asym["input"], (3, 4)), 1e-6, 1e-6)
+
+
+def _grad_at_indices(ct: np.ndarray, indices: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+  """Each cotangent added to the input cell its flat per-plane index names (n, h, w, c)."""
+  grad = np.zeros(shape)
+  for pos in np.ndindex(ct.shape):
+    h, w = divmod(int(indices[pos]), shape[2])
+    grad[pos[0], h, w, pos[-1]] += ct[pos]
+  return grad
+
+
+def test_batch_shipped_family_pools_match_the_mirror(shipped):
+  gem = _stored(shipped, "gem_p3_positive")
+  assert gem["weights/p"].tolist() == [3.0]
+  _close(gem["output"], reference.gem_pool(gem["input"], 3.0), 1e-5, 1e-5)
+  lse = _stored(shipped, "lse_plus_r10_batch")
+  assert lse["weights/r"] == 10.0
+  _close(lse["output"], reference.lse_plus_pool(lse["input"], 10.0), 1e-5, 1e-5)
+  # Multiples of 1/8 times the [1, 2, 1] x [1, 2, 1] / 16 taps: every sum is exact.
+  blur = _stored(shipped, "blur_f3s2_one")
+  assert np.array_equal(blur["output"], reference.blur_pool(blur["input"], (3, 3), (2, 2)))
+  median = _stored(shipped, "median_k3_same_one")
+  values, indices = reference.median_pool(median["input"], (3, 3), (1, 1), "SAME")
+  assert np.array_equal(median["output"], values)
+  grad = _grad_at_indices(median["cotangent"], indices, median["input"].shape)
+  assert np.array_equal(median["grad/input"], grad.astype(np.float32))
+
+
+def test_batch_fractional_case_matches_the_mirror_per_copy(shipped):
+  # The case's samples: SplitMix64 draws fixed by its declaration, one (C, 2) per example.
+  (c,) = [c for c in load_batch().cases if c.name == "fractional_max_k3_out34_indices_asym"]
+  frac = _stored(shipped, c.name)
+  samples = uniform((2, 3, 2), 29).astype(np.float32)
+  values, indices = reference.fractional_max_pool(frac["input"], (3, 3), (3, 4), samples)
+  assert np.array_equal(frac["output"], values) and np.array_equal(frac["indices"], indices)
+  grad = _grad_at_indices(frac["cotangent"], indices, frac["input"].shape)
+  assert np.array_equal(frac["grad/input"], grad.astype(np.float32))
+  # Two copies of the batch (check --devices 2) take two copies of the samples.
+  out, idx = c.build()(np.concatenate([frac["input"]] * 2))
+  assert np.array_equal(out, np.concatenate([values] * 2))
+  assert np.array_equal(idx, np.concatenate([indices] * 2))
 
 
 def test_batch_shipped_declarations_hold_the_documented_rules(shipped):
