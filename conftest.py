@@ -91,13 +91,17 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  # Tests marked `rehearsal` install real wheels from the registry (minutes, the network):
-  # left out unless -m names them (`make test-rehearsal` runs `-m rehearsal`).
-  if "rehearsal" not in (config.option.markexpr or ""):
-    rehearsals = [item for item in items if item.get_closest_marker("rehearsal")]
-    if rehearsals:
-      config.hook.pytest_deselected(items=rehearsals)
-      items[:] = [item for item in items if not item.get_closest_marker("rehearsal")]
+  # Tests marked `rehearsal` install real wheels from the registry (minutes, the network),
+  # and those marked `integration` are end-to-end runs of a minute or so each (the 8-device
+  # sharding worker, the device check's dry run, the 8 M-parameter model's baselines): each
+  # left out unless -m names it (`make test-rehearsal`, `make test-integration`, CI steps of
+  # their own).
+  for marker in ("rehearsal", "integration"):
+    if marker not in (config.option.markexpr or ""):
+      left_out = [item for item in items if item.get_closest_marker(marker)]
+      if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker(marker)]
   rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
   root = config.rootpath
   def file_rank(item):

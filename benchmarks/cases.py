@@ -164,8 +164,10 @@ def _blur_conv(channels: int) -> nnx.Conv:
   conv = nnx.Conv(channels, channels, (3, 3), strides=2, padding="VALID",
                   feature_group_count=channels, use_bias=False, rngs=nnx.Rngs(0))
   taps = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16
-  conv.kernel[...] = jnp.broadcast_to(jnp.asarray(taps, jnp.float32)[:, :, None, None],
-                                      (3, 3, 1, channels))
+  # A NumPy kernel, so that a jitted call embeds it: a closed-over jax.Array is hoisted to an
+  # argument, which the in-process harness's AOT-compiled call does not pass.
+  conv.kernel = nnx.Param(np.broadcast_to(taps.astype(np.float32)[:, :, None, None],
+                                          (3, 3, 1, channels)).copy())
   return conv
 
 

@@ -156,6 +156,7 @@ def test_a_threads_use_implementation_does_not_reach_another_thread():
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # its own CI step (`make test-integration`)
 def test_device_check_dry_run_writes_parity_and_benchmarks(tmp_path):
   pytest.importorskip("torch", reason="the device check needs torch==2.13.0 (the parity extra)")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "OUT": str(tmp_path), "PYTHON": sys.executable}

@@ -425,7 +425,7 @@ def test_a_format_2_baseline_of_nnx_pool_0_1_0_still_loads(tmp_path):
 # --------------------------------------------------------------- the real size
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # its own CI step (`make test-integration`), outside the 240 s suite
 def test_the_8m_parameter_resnet_baselines_fit_the_issues_targets(tmp_path):
   # The issue's example: logits, stem features and gradients of an 8 M-parameter ResNet on a
   # 2x64x64x3 batch; at most 35 MB by default and 70 MB with store_params=True (the weights

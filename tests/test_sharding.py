@@ -50,7 +50,8 @@ from flax import nnx
 import nnx_pool
 
 # One interpreter with 8 simulated devices, about 25 s: `make test-quick` leaves it out.
-pytestmark = pytest.mark.slow
+# The 8-device run is its own CI step (`make test-integration`), outside the 240 s suite.
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_sharding_worker.py"
