@@ -122,13 +122,15 @@ def _attention_flax(x, channels=2048, out=1024, heads=32):
   w = _attention_weights(_attention(channels, out, heads))
   n, h, wd, c = x.shape
   tokens = x.reshape(n, h * wd, c)
-  tokens = jnp.concatenate([tokens.mean(axis=1, keepdims=True), tokens], axis=1) + w["pos_embed"]
+  tokens = jnp.concatenate([tokens.mean(axis=1, keepdims=True), tokens], axis=1)
+  tokens = tokens + w["pos_embed"][None]
 
   def project(name):
-    return (tokens @ w[f"{name}.kernel"] + w[f"{name}.bias"]).reshape(n, -1, heads, c // heads)
+    y = tokens @ w[f"{name}.kernel"] + w[f"{name}.bias"][None, None]
+    return y.reshape(n, -1, heads, c // heads)
 
   attended = nnx.dot_product_attention(project("q"), project("k"), project("v"))
-  return attended[:, 0].reshape(n, c) @ w["proj.kernel"] + w["proj.bias"]
+  return attended[:, 0].reshape(n, c) @ w["proj.kernel"] + w["proj.bias"][None]
 
 
 def _attention_torch(torch, channels=2048, out=1024, heads=32):
@@ -222,12 +224,13 @@ def _fractional_flax(x, out=28, k=2):
 
   def starts(sample, length):
     alpha = (length - k) / (out - 1)
-    i = jnp.arange(out, dtype=jnp.float32)
+    i = jnp.arange(out, dtype=jnp.float32)[None, None]
     first = jnp.floor((i + sample[..., None]) * alpha) - jnp.floor(sample[..., None] * alpha)
     return first.astype(jnp.int32).at[..., -1].set(length - k)
 
-  rows = (starts(u[..., 1], h)[..., None] + jnp.arange(k)).reshape(n, c, out * k, 1)
-  cols = (starts(u[..., 0], w)[..., None] + jnp.arange(k)).reshape(n, c, 1, out * k)
+  taps = jnp.arange(k)[None, None, None]
+  rows = (starts(u[..., 1], h)[..., None] + taps).reshape(n, c, out * k, 1)
+  cols = (starts(u[..., 0], w)[..., None] + taps).reshape(n, c, 1, out * k)
   planes = jnp.take_along_axis(x.transpose(0, 3, 1, 2), rows, axis=2)
   planes = jnp.take_along_axis(planes, cols, axis=3).reshape(n, c, out, k, out, k)
   return planes.max(axis=(3, 5)).transpose(0, 2, 3, 1)
