@@ -69,6 +69,9 @@ test-floor:
 # .PHONY above.
 docs:
 	$(MAKE) $(VENV)/.installed-docs EXTRAS=docs
+	# The package as installed, for mkdocstrings' paths: laid out before mkdocs starts, since
+	# the handler reads its paths before the hook's on_config runs (a fresh clone failed so).
+	$(BIN)/python docs/site_src/installed_layout.py build/site-pkg
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 # The site as a reader meets it (tests/test_site.py, marked `site`): built, then opened in
