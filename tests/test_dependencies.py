@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Import names whose distribution is spelled otherwise.
 DISTRIBUTION = {"ml_dtypes": "ml-dtypes"}
-LOCAL = {"nnx_pool", "benchmarks", "conftest", "make_figures", "_sharding_worker", "_resnet"}
+LOCAL = {"nnx_pool", "benchmarks", "conftest", "make_figures", "_sharding_worker", "_resnet",
+         "_effnet"}
 # Installed code may import an optional extra's distribution only in the modules
 # named here, and only inside functions, so that the kit runs without the extra.
 OPTIONAL = {"matplotlib": ("report", ["regression/html.py"])}
