@@ -99,4 +99,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf .venv .venv-floor build *.egg-info site
+	rm -rf .venv .venv-floor .venv-docs build *.egg-info site
