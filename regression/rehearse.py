@@ -36,9 +36,9 @@ import os
 import shlex
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nnx_pool.regression import rehearse_cache, rehearse_env
 from nnx_pool.regression.rehearse_env import Job, StepProgress, Steps
@@ -54,6 +54,8 @@ from nnx_pool.regression.rehearse_plan import (
 from nnx_pool.regression.rehearse_source import this_source
 from nnx_pool.regression.report import Report
 from nnx_pool.regression.stamp import git_revision, installed_versions, stamp_rows
+
+T = TypeVar("T")
 
 # pytest's exit status -> (rehearse's exit code, what it means).
 PYTEST_EXITS = {0: (0, "passed"), 1: (1, "tests failed"), 2: (2, "interrupted"),
@@ -244,23 +246,34 @@ class _Run:
     return 1 + (self.pytest_paths is not None)
 
 
-def _in_cache(job: Job, run: _Run) -> _Outcome:
-  """Runs in the cached environment of the plan, built or brought up to date first."""
+def in_cache(job: Job, then: int, work: Callable[[Path], T]) -> tuple[T, str]:
+  """Runs ``work(env)`` in the cached environment of the plan, built or brought up to date first.
+
+  The cache entry's lock is held throughout. ``then``: the steps ``work`` takes, for the
+  progress line's total. Returns what ``work`` returned, and how the environment was made
+  ready (:func:`~nnx_pool.regression.rehearse_env.prepare`: built, updated or reused).
+  """
   entry = rehearse_cache.cache_root() / job.plan.key()
-  env = entry / rehearse_cache.ENV_DIR
 
   def waiting() -> None:
     job.steps.show("waiting for another rehearsal using this environment")
 
   try:
     with rehearse_cache.take(entry, waiting):
-      how = rehearse_env.prepare(entry, job, run.then())
+      how = rehearse_env.prepare(entry, job, then)
       rehearse_cache.mark_used(entry)
-      outcome = _run_there(env, job, run)
+      result = work(entry / rehearse_cache.ENV_DIR)
   except BaseException:
     with contextlib.suppress(OSError):
       entry.rmdir()  # only if a failed build left it empty
     raise
+  return result, how
+
+
+def _in_cache(job: Job, run: _Run) -> _Outcome:
+  """Runs in the cached environment of the plan, built or brought up to date first."""
+  outcome, how = in_cache(job, run.then(), lambda env: _run_there(env, job, run))
+  env = rehearse_cache.cache_root() / job.plan.key() / rehearse_cache.ENV_DIR
   outcome.where = f"environment {rehearse_cache.shown(env)} ({how})"
   return outcome
 

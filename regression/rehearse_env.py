@@ -299,7 +299,8 @@ def rehearsed_package(env: Path) -> Path:
   return ([*site_packages(env), env][0]) / "nnx_pool"
 
 
-def run_pytest(env: Path, paths: Sequence[str], *, rehearsed: Path, foreign: Path) -> int:
+def run_pytest(env: Path, paths: Sequence[str], *, rehearsed: Path, foreign: Path,
+               check_only: bool = True, output: Path | None = None) -> int:
   """Runs the user's tests in the environment, in their directory, comparing only.
 
   Args:
@@ -307,11 +308,18 @@ def run_pytest(env: Path, paths: Sequence[str], *, rehearsed: Path, foreign: Pat
     paths: pytest's arguments.
     rehearsed: the nnx_pool package the tests must import (:func:`rehearsed_package`).
     foreign: where the guard writes the nnx_pool they found instead, if any.
+    check_only: set :data:`~nnx_pool.regression.constants.CHECK_ONLY_ENV`; False lets the
+      fixture record (``bisect`` records into its own ``--nnx-regression-dir``).
+    output: write pytest's stdout and stderr to this file instead of this process's.
   """
   command = [str(interpreter(env)), "-c", PYTEST_MAIN, "-p", "no:cacheprovider", *paths]
-  environ = {**subprocess_env(env), CHECK_ONLY_ENV: "1", "NNX_POOL_REHEARSED": str(rehearsed),
-             "NNX_POOL_REHEARSE_FOREIGN": str(foreign)}
-  return subprocess.run(command, env=environ, stdin=subprocess.DEVNULL, check=False).returncode
+  environ = {**subprocess_env(env), CHECK_ONLY_ENV: "1" if check_only else "0",
+             "NNX_POOL_REHEARSED": str(rehearsed), "NNX_POOL_REHEARSE_FOREIGN": str(foreign)}
+  with contextlib.ExitStack() as stack:
+    sink = None if output is None else stack.enter_context(output.open("w"))
+    return subprocess.run(command, env=environ, stdin=subprocess.DEVNULL, stdout=sink,
+                          stderr=None if sink is None else subprocess.STDOUT,
+                          check=False).returncode
 
 
 def foreign_error(foreign: Path, rehearsed: Path) -> str | None:
