@@ -36,6 +36,14 @@ Commands:
   ``nnx_regression`` tests there, comparing only; every argument after ``--`` goes to that
   pytest untouched (``--pytest tests -- -k logits``), and ``--no-batch`` runs only them.
   See :mod:`nnx_pool.regression.rehearse`.
+* ``bisect --good SPEC --bad SPEC [--resolve] [--pre] [-k PATTERN] [--html OUT]
+  [--no-batch] [--pytest [PATH...] [-- ARG...]]``: finds the release that moved the numbers.
+  SPEC is a requirement set as ``rehearse`` takes it, quoted as one argument
+  (``'jax==0.9.0'``, ``'jax==0.10.2 flax==0.12.8'``); the two may differ in one package
+  (jax with its jaxlib counts as one). It records the baselines in the good set's
+  environment (into a temporary directory), checks them in the bad set's, then halves the
+  registry's releases between them, in the rehearsal cache's environments, and names the
+  first release whose check fails. See :mod:`nnx_pool.regression.bisect`.
 
 On a terminal, ``check`` and ``record`` show which case runs (``check: case 17/104
 max_k2s1_ties_zeros ...``) on one line of stderr that is rewritten in place and cleared
@@ -51,7 +59,9 @@ file cannot be written (checked before anything runs, and again when it is writt
 with a one-line reason on stderr. ``rehearse`` exits with ``check``'s code, or 2 with a one-line
 reason naming the requirement pip could not install; with ``--pytest``, with the worse
 of that and pytest's (failed tests 1; no tests collected, a usage error or an
-interrupted run 2).
+interrupted run 2). ``bisect`` exits 1 when it names a first moved release, 0 when the
+bad set passes after all, and 2 on bad input (the two sets the same, more than one package
+differing, no release between them) or a set that cannot be installed or recorded.
 
 The batch (and with it ``nnx_pool`` and JAX) is imported inside :func:`main`,
 so that a failure to import it is reported with exit code 2, not mistaken
@@ -198,6 +208,45 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--no-batch", dest="batch", action="store_false",
                  help="skip the kit's own cases (check): only run your tests (--pytest); the "
                       "kit's cases matter when your model uses nnx-pool's layers")
+
+  p = sub.add_parser(
+      "bisect", help="find the release between a good and a bad set that moved the numbers",
+      description="Finds the one package the two requirement sets differ in, lists the "
+                  "registry's releases of it between them, records the baselines in the good "
+                  "set's environment (into a temporary directory: your own baselines are never "
+                  "written) and checks them in the bad set's, then in the release halfway "
+                  "between, halving until it names the first release whose check fails.",
+      epilog="SPEC is a requirement set as rehearse takes it, quoted as one argument: "
+             "--good 'jax==0.9.0' --bad 'jax==0.10.2'. jax and jaxlib count as one package: each "
+             "jax release is installed with its jaxlib. Environments are the rehearsal cache's "
+             "(reused by later bisects and rehearsals); a set this environment satisfies runs "
+             "here, installing nothing. A release that cannot be installed or tested is "
+             "skipped, and the halving goes around it. stderr gets one line per step (the "
+             "release, its verdict, the time); stdout the first moved release's report, a total "
+             "(steps, installs, minutes, disk) and, last, the answer. Exit codes: 1 a first moved "
+             "release was found, 0 the bad set passes, 2 bad input or a set that cannot be "
+             "installed or recorded.")
+  p.add_argument("--good", metavar="SPEC", required=True,
+                 help="the requirement set whose numbers are right, e.g. 'jax==0.9.0'")
+  p.add_argument("--bad", metavar="SPEC", required=True,
+                 help="the requirement set whose numbers moved, e.g. 'jax==0.10.2'")
+  p.add_argument("--resolve", action="store_true",
+                 help="let pip choose, at each release, the newest version no newer than this "
+                      "environment's of each package that depends on it (flax for jax)")
+  p.add_argument("--pre", action="store_true",
+                 help="walk pre-releases too (by default they are left out, as pip leaves them)")
+  p.add_argument("-k", dest="pattern", metavar="PATTERN",
+                 help="check only the kit's cases whose name contains PATTERN or matches it as "
+                      "a glob (all are recorded)")
+  p.add_argument("--html", metavar="OUT",
+                 help="write the HTML page of the first moved release's failure to OUT: your "
+                      "tests' where they failed, else the kit's (drawn in its environment)")
+  p.add_argument("--pytest", metavar="PATH", nargs="*", default=None,
+                 help="also record and check your nnx_regression tests (python -m pytest "
+                      "PATH..., from this directory); give it last. Everything after a -- goes "
+                      "to pytest untouched")
+  p.add_argument("--no-batch", dest="batch", action="store_false",
+                 help="skip the kit's own cases: only record and check your tests (--pytest)")
   return parser
 
 
@@ -334,6 +383,8 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     The exit code.
   """
   argv = list(sys.argv[1:] if argv is None else argv)
+  if argv[:1] == ["bisect"]:  # its own `--` and refusals: see _bisect
+    return _bisect(argv)
   handed: list[str] = []
   if argv[:1] == ["rehearse"] and "--" in argv:  # pytest's own options, untouched
     cut = argv.index("--")
@@ -432,6 +483,59 @@ def _rehearse(args: argparse.Namespace) -> int:
   if args.html is not None and not report.error and Path(args.html).is_file():
     print(html.closing_line(args.html))
   return report.exit_code
+
+
+def _bisect(argv: Sequence[str]) -> int:
+  """``bisect``: prints each step, the first moved release's report, the answer; the exit code."""
+  from nnx_pool.regression import bisect
+
+  handed: list[str] = []
+  if "--" in argv:  # pytest's own options, untouched
+    argv, handed = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+  args = _parser().parse_args(argv)
+  problem = None
+  if handed and args.pytest is None:
+    problem = (f"the arguments after -- ({' '.join(handed)}) are pytest's; pass --pytest "
+               "[PATH...] before the --.")
+  elif not args.batch and (args.pytest is None or args.pattern is not None):
+    problem = ("--no-batch skips the kit's own cases, so there is nothing to run without "
+               "--pytest" if args.pytest is None else
+               "-k selects the kit's own cases, which --no-batch skips; to select your tests, "
+               "pass pytest's options after --: --pytest tests -- -k NAME")
+  elif args.html is not None:
+    problem = _html_problem(args.html, None, here=False)
+  if problem:
+    print(f"error: bisect: {problem.removeprefix('error: ')}", file=sys.stderr)
+    return 2
+
+  with _progress("bisect: step") as progress:
+    def say(line: str) -> None:
+      if progress is not None:
+        progress.clear()
+      print(line, file=sys.stderr, flush=True)
+
+    found = bisect.bisect(
+        args.good, args.bad, resolve=args.resolve, pre=args.pre,
+        pytest_paths=None if args.pytest is None else [*args.pytest, *handed], batch=args.batch,
+        pattern=args.pattern, html=args.html, progress=progress, say=say)
+  if found.error:
+    if found.log:
+      print(found.log, end="" if found.log.endswith("\n") else "\n")
+    print(f"error: {found.error}", file=sys.stderr)
+    return 2
+  moved = found.moved
+  if moved is not None:
+    if moved.report is not None:
+      print(render(moved.report, limit=REPORT_ROWS))
+    if moved.tests:
+      print(moved.tests, end="" if moved.tests.endswith("\n") else "\n")
+    if args.html is not None and Path(args.html).is_file():
+      print(html.closing_line(args.html))
+  for note in found.notes:
+    print(f"note: bisect: {note}")
+  print(found.total)
+  print(found.answer)
+  return found.exit_code
 
 
 def _clear_cache(args: argparse.Namespace) -> int:
