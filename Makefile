@@ -3,7 +3,8 @@
 #   make check   the regression check against the shipped baseline
 #   make test    the whole test suite
 # and, for maintainers: make test-quick (the suite without the tests marked slow),
-# make test-rehearsal (rehearse jax 0.9.2 against the shipped baseline, with real wheels),
+# make test-rehearsal (rehearse jax 0.9.2 against the shipped baseline, and bisect jax 0.9.0
+# to 0.10.2, with real wheels),
 # make lint (ruff), make baseline (re-record the shipped baseline), make bench,
 # make docs (the site in site/), make test-site (the site in headless Chromium),
 # make docs-screenshots, make typecheck (pyright).
@@ -46,9 +47,12 @@ test-quick: $(STAMP)
 
 # The tests marked `rehearsal` (`make test` leaves them out): `rehearse` installs jax and
 # jaxlib 0.9.2 (with flax 0.12.6, the newest flax that admits them) from the registry into
-# a fresh venv and checks the shipped baseline there. Needs the network; about a minute.
+# a fresh venv and checks the shipped baseline there (about a minute); `bisect` walks jax
+# 0.9.0 to 0.10.2 for a test that moves at 0.10.0 (three fresh environments, about three
+# minutes). Needs the network.
 test-rehearsal: $(STAMP)
-	$(BIN)/python -m pytest -m rehearsal tests/test_regression_rehearse.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m rehearsal tests/test_regression_rehearse.py \
+		tests/test_regression_bisect.py $(PYTEST_ARGS)
 
 # The tests marked `integration` (`make test` leaves them out): the 8-device sharding run,
 # the device check's dry run and the 8 M-parameter ResNet's baselines against issue 23's

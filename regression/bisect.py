@@ -482,10 +482,11 @@ def _finish(found: Bisected, walk: Walk, span: Span, html: str | os.PathLike | N
   envs = {s.env for s in found.steps if s.env is not None and s.env.is_dir()}
   size = sum(_size(env) for env in envs)
   here = any(s.how == HERE for s in found.steps)
-  found.total = (f"bisect: {len(found.steps)} steps, {sum(s.built for s in found.steps)} "
-                 f"installs, {seconds / 60:.1f} minutes, {size / 1e9:.2f} GB of environments "
+  installs = sum(s.built for s in found.steps)
+  found.total = (f"bisect: {len(found.steps)} steps, {installs} install{'s' * (installs != 1)}, "
+                 f"{seconds / 60:.1f} minutes, {size / 1e9:.2f} GB of environments "
                  f"({len(envs)} in {rehearse_cache.shown(rehearse_cache.cache_root())}"
-                 f"{', and this one' if here else ''})")
+                 f"{', and this environment' if here else ''})")
   moved = found.moved
   if moved is not None and moved.tests:
     found.notes.append("the baselines and .obtained files your tests' report names lay in the "

@@ -424,7 +424,7 @@ def test_bisect_runs_a_set_this_environment_satisfies_here_and_installs_nothing_
   assert said[2].endswith(" (this environment)")
   assert [s.built for s in found.steps] == [True, False, True, True]
   assert found.total.startswith("bisect: 4 steps, 3 installs, ")
-  assert found.total.endswith(", and this one)")
+  assert found.total.endswith(", and this environment)")
   assert [line for line in _log(fake) if line.startswith("pip")] == [
       "pip jax 0.9.0 jaxlib 0.9.0", "pip jax 0.9.2 jaxlib 0.9.2", "pip jax 0.10.0 jaxlib 0.10.0"]
 
@@ -562,7 +562,7 @@ def test_bisect_names_jax_0_10_0_with_real_wheels_in_at_most_4_installs(tmp_path
   lines = done.stdout.splitlines()
   assert lines[-1].startswith("first moved: jax 0.10.0 (jaxlib 0.10.0, flax "), lines[-1]
   assert lines[-1].endswith("), last good: jax 0.9.2")
-  installs = int(lines[-2].split(" steps, ")[1].split(" installs")[0])
+  installs = int(lines[-2].split(" steps, ")[1].split(" install")[0])
   built = {e for e in cache.iterdir() if (e / "env" / "pyvenv.cfg").is_file()} - before
   assert installs <= 4 and len(built) <= installs, (lines[-2], built)
   assert "jax 0.9.0 -> 0.10.0" in done.stdout  # the failing test's report
