@@ -71,6 +71,7 @@ from nnx_pool.regression.report import Report
 
 Lister = Callable[[str, bool], Listing]
 RECORDED = "recorded"
+FAILED = "failed"  # the good set not recorded, or an end not installed or tested
 HERE = "this environment"  # a step's `how` where it ran in this interpreter's environment
 
 
@@ -117,8 +118,9 @@ class Step:
 
   Attributes:
     release: the bisected package's release.
-    verdict: :data:`RECORDED` (the good one), or :data:`~nnx_pool.regression.bisect_plan.GOOD`,
-      ``MOVED`` or ``SKIP``.
+    verdict: :data:`RECORDED` (the good one), :data:`~nnx_pool.regression.bisect_plan.GOOD`,
+      ``MOVED``, ``SKIP`` (a release between the ends that could not be installed or
+      tested), or :data:`FAILED` (an end that could not be).
     label: the release with the versions beside it (:func:`~nnx_pool.regression.bisect_plan.label`).
     seconds: how long the step took, its environment's build included.
     how: how its environment was made ready (built, updated, reused), or "this environment".
@@ -149,7 +151,8 @@ class Step:
 
   def line(self, n: int) -> str:
     """``bisect: step 3: jax 0.9.2 (...): good, 50 s (environment built in 47 s)``."""
-    what = self.verdict if self.verdict != SKIP else f"skipped, {self.why}"
+    word = "skipped" if self.verdict == SKIP else self.verdict
+    what = f"{word}, {self.why}" if self.why else word
     where = ("" if not self.how else f" ({self.how})" if self.how == HERE
              else f" (environment {self.how})")
     return f"bisect: step {n}: {self.label}: {what}, {duration(self.seconds)}{where}"
@@ -279,17 +282,19 @@ class _Bisect:
       steps.clear()  # record draws its own case n/N line
       code = _kit(env, ["record", "--out", str(self.kit)], self.scratch)
       if code != 0:
-        step.why = f"record exited {code} (its messages above say why)"
+        step.verdict, step.why = FAILED, f"record exited {code} (its messages above say why)"
         return
     if self.pytest_paths is not None:
       steps.next("recording your tests' baselines (pytest)")
       code, step.tests = self._pytest(env, rehearsed, [], "record", check_only=False)
       if code not in (0, 1):
+        step.verdict = FAILED
         step.why = f"pytest exited {code} ({_meaning(code)}) recording your tests"
         return
       steps.next("checking your tests against what they recorded (pytest)")
       step.tested, step.tests = self._pytest(env, rehearsed, [], "recheck")
       if step.tested != 0:
+        step.verdict = FAILED
         step.why = (f"your tests fail where they recorded their baselines (pytest exited "
                     f"{step.tested}, {_meaning(step.tested)}): a test that varies from run to "
                     "run, or fails for another reason, cannot be bisected; fix it first")
@@ -430,6 +435,8 @@ def bisect(
       else:
         done = state.run(n, release, needed, batch + (pytest_paths is not None),
                          lambda env, pkg, steps, s: state.check(env, pkg, steps, s, n))
+      if done.verdict == SKIP and index in (0, len(walk.releases) - 1):
+        done.verdict = FAILED  # an end: nothing to go around
       found.steps.append(done)
       tell(done.line(n))
       return done
@@ -452,7 +459,7 @@ def _halve(found: Bisected, walk: Walk, span: Span, step: Callable[[int], Step])
                    f"{first.why}.")
     return found
   last = step(len(walk.releases) - 1)
-  if last.verdict == SKIP:
+  if last.verdict == FAILED:
     found.exit_code = 2
     found.error = f"bisect: the --bad set ({last.label}) {last.why}; nothing was bisected."
     return found

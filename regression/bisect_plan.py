@@ -270,9 +270,9 @@ def releases_between(listing: Listing, span: Span, *, pre: bool = False) -> Walk
   if not walked:
     also = f", besides {'; '.join(left_out)}" if left_out else ""
     raise RehearsalError(
-        f"bisect: the registry has no release of {name} between {low} and {high}{also}: "
-        f"{span.bad} is the first release after {span.good} already. To see what moved, "
-        f"rehearse {name}=={span.bad} against a baseline recorded with {name}=={span.good}.")
+        f"bisect: the registry has no release of {name} between {low} and {high}{also}: they "
+        f"are neighbours, so if your check fails with {name} {span.bad} and passes with "
+        f"{span.good}, {span.bad} is the release that moved it; there is nothing to bisect.")
   ordered = [low, *walked, high]
   return Walk(tuple(ordered if span.good < span.bad else ordered[::-1]), tuple(left_out))
 

@@ -187,9 +187,9 @@ def test_releases_between_refuses_neighbours_with_no_release_between():
   with pytest.raises(RehearsalError) as caught:
     releases_between(JAX, _span("jax==0.9.2", "jax==0.10.0"))
   assert str(caught.value) == (
-      "bisect: the registry has no release of jax between 0.9.2 and 0.10.0: 0.10.0 is the first "
-      "release after 0.9.2 already. To see what moved, rehearse jax==0.10.0 against a baseline "
-      "recorded with jax==0.9.2.")
+      "bisect: the registry has no release of jax between 0.9.2 and 0.10.0: they are "
+      "neighbours, so if your check fails with jax 0.10.0 and passes with 0.9.2, 0.10.0 is the "
+      "release that moved it; there is nothing to bisect.")
   with pytest.raises(RehearsalError, match=r"between 0.4.31 and 0.4.33, besides jax 0.4.32 "
                      r"\(yanked: no reason given\):"):
     releases_between(JAX, _span("jax==0.4.31", "jax==0.4.33"))
@@ -462,22 +462,28 @@ def test_bisect_exits_0_when_the_bad_set_passes(fake):
                           f"{FLAX}); nothing to bisect")
 
 
-@pytest.mark.parametrize(("uninstallable", "record_rc", "error"), [
-    ("0.9.0", "0", "bisect: could not record the baselines with --good (jax 0.9.0): could not be "
-     "installed: pip could not install jax==0.9.0: No matching distribution found for "
-     "jax==0.9.0"),
-    ("0.10.2", "0", "bisect: the --bad set (jax 0.10.2) could not be installed: pip could not "
-     "install jax==0.10.2: No matching distribution found for jax==0.10.2"),
-    ("", "2", "bisect: could not record the baselines with --good (jax 0.9.0 (jaxlib 0.9.0, flax "
+@pytest.mark.parametrize(("uninstallable", "record_rc", "line", "error"), [
+    ("0.9.0", "0", "bisect: step 1: jax 0.9.0: failed, could not be installed: pip could not "
+     "install jax==0.9.0: No matching distribution found for jax==0.9.0, ",
+     "bisect: could not record the baselines with --good (jax 0.9.0): could not be installed: "
+     "pip could not install jax==0.9.0: No matching distribution found for jax==0.9.0."),
+    ("0.10.2", "0", "bisect: step 2: jax 0.10.2: failed, could not be installed: pip could not "
+     "install jax==0.10.2: ",
+     "bisect: the --bad set (jax 0.10.2) could not be installed: pip could not install "
+     "jax==0.10.2: No matching distribution found for jax==0.10.2; nothing was bisected."),
+    ("", "2", f"bisect: step 1: jax 0.9.0 (jaxlib 0.9.0, flax {FLAX}): failed, record exited 2 "
+     "(its messages above say why), ",
+     f"bisect: could not record the baselines with --good (jax 0.9.0 (jaxlib 0.9.0, flax "
      f"{FLAX})): record exited 2 (its messages above say why)."),
 ])
 def test_bisect_exits_2_when_an_end_cannot_be_installed_or_recorded(fake, uninstallable,
-                                                                    record_rc, error):
+                                                                    record_rc, line, error):
   (fake / "uninstallable").write_text(uninstallable)
   (fake / "record_rc").write_text(record_rc)
-  found, _ = _run()
+  found, said = _run()
   assert found.exit_code == 2
-  assert found.error.startswith(error)
+  assert said[-1].startswith(line)
+  assert found.error == error
   assert found.answer == ""
 
 
