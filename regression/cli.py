@@ -489,7 +489,7 @@ def _bisect(argv: Sequence[str]) -> int:
   """``bisect``: prints each step, the first moved release's report, the answer; the exit code."""
   from nnx_pool.regression import bisect
 
-  handed: list[str] = []
+  argv, handed = list(argv), []
   if "--" in argv:  # pytest's own options, untouched
     argv, handed = argv[:argv.index("--")], argv[argv.index("--") + 1:]
   args = _parser().parse_args(argv)
