@@ -525,7 +525,7 @@ def _bisect(argv: Sequence[str]) -> int:
     return 2
   moved = found.moved
   if moved is not None:
-    if moved.report is not None:
+    if moved.report is not None and moved.report.exit_code != 0:  # the kit's cases moved too
       print(render(moved.report, limit=REPORT_ROWS))
     if moved.tests:
       print(moved.tests, end="" if moved.tests.endswith("\n") else "\n")

@@ -301,7 +301,7 @@ def rehearsed_package(env: Path) -> Path:
 
 def run_pytest(env: Path, paths: Sequence[str], *, rehearsed: Path, foreign: Path,
                check_only: bool = True, output: Path | None = None) -> int:
-  """Runs the user's tests in the environment, in their directory, comparing only.
+  """Runs the user's tests in the environment, in their directory, comparing only by default.
 
   Args:
     env: the rehearsal environment.

@@ -505,6 +505,14 @@ def test_cli_bisect_prints_each_step_the_report_and_the_answer_last(fake, capsys
              if line.startswith("pytest"))
 
 
+def test_cli_bisect_prints_the_kits_report_where_its_cases_moved(fake, capsys):
+  assert cli.main(["bisect", "--good", "jax==0.9.0", "--bad", "jax==0.10.2"]) == 1
+  out = capsys.readouterr().out
+  assert "avg_k3_one" in out and "1 cases: 1 fail" in out  # the stand-in check's table
+  assert "output_eager: 8 of 144 elements differ" in out
+  assert out.splitlines()[-1].startswith("first moved: jax 0.10.0 ")
+
+
 @pytest.mark.parametrize(("argv", "error"), [
     (["--good", "jax==0.9.0", "--bad", "jax==0.9.0"], "error: bisect: --good and --bad are the "
      "same set (jax==0.9.0); name the release that passes with --good and the one that moved "
