@@ -33,7 +33,14 @@ from jax import lax
 
 from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names
 from nnx_pool._backend import current_implementation
-from nnx_pool._geometry import MAX_SIZE, Geometry, PaddingLike, SizeLike, Window
+from nnx_pool._geometry import (
+  MAX_SIZE,
+  Geometry,
+  PaddingLike,
+  SizeLike,
+  Window,
+  check_padded_size,
+)
 from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_plane_indexable, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype, true_divide
@@ -116,11 +123,22 @@ _ADAPTIVE = {"avg": {"AvgPool": "AdaptiveAvgPool", "avg_pool": "adaptive_avg_poo
              "min": {}}
 
 
+def _resolve(window: Window, x: jax.Array, name: str, **ways) -> Geometry:
+  """``window`` over the batched ``x`` (:meth:`Window.resolve`, ``ways`` its ways out), refusing
+  a padded input too large for XLA to size."""
+  geom = window.resolve(x.shape[1:-1], name, **ways)
+  check_padded_size(
+      x.shape, geom.pads, window.describe(name),
+      "Pass less `padding` (at most half the dilated window is allowed, so a large `dilation` "
+      "or window admits a large one).")
+  return geom
+
+
 def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name,
          owner=None):
   x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
                      owner=owner)
-  geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE["avg"].get(name))
+  geom = _resolve(window, x, name, adaptive=_ADAPTIVE["avg"].get(name))
   y = window_average(x, geom, count_include_pad, divisor_override, current_implementation())
   return unbatch(y, batch)
 
@@ -132,14 +150,14 @@ def _select(inputs, window: Window, kind: Kind, return_indices: bool, in_feature
   if return_indices:
     check_plane_indexable(
         x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
-  geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE[kind].get(name))
+  geom = _resolve(window, x, name, adaptive=_ADAPTIVE[kind].get(name))
   return unbatch(window_extremum(x, geom, kind, return_indices, current_implementation()), batch)
 
 
 def _lp(inputs, window: Window, norm_type: float, in_features, name, owner=None):
   x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
                      owner=owner)
-  geom = window.resolve(x.shape[1:-1], name, takes_padding=False)
+  geom = _resolve(window, x, name, takes_padding=False)
   y = window_lp_norm(x, geom, norm_type, window.size, current_implementation())
   return unbatch(y, batch)
 

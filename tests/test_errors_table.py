@@ -181,6 +181,10 @@ ROWS = (
        "`padding` must be non-negative; got -1."),
     _r(_W, WINDOW, "`padding` of the wrong length", "{M}((3, 3), padding=(1,))", "ValueError",
        f"`padding` (1,) has 1 entries, but `window_shape` (3, 3) sets 2 spatial dim(s); {_AGREE}"),
+    _r(_W, WINDOW, "`padding` in F.pad's flat order (4 or 6 ints)", "{M}(3, padding=(1, 1, 0, 0))",
+       "ValueError",
+       "`padding` (1, 1, 0, 0) reads as F.pad's flat (left, right, top, bottom[, front, back]) "
+       f"order; here padding is {_FORMS}, first dim first: write padding=((0, 0), (1, 1))."),
     _r(_W, WINDOW, "`padding` with triples", "{M}((3, 3), padding=((1, 1, 1), (0, 0)))",
        "TypeError", f"`padding` must be {_FORMS}; got ((1, 1, 1), (0, 0))."),
     _r(_W, WINDOW, "`padding` a float", "{M}((3, 3), padding=1.0)", "TypeError",
@@ -230,6 +234,15 @@ ROWS = (
        "ValueError", f"Spatial dim 0 of length 4 with padding ({2**39}, {2**39}) is "
        f"{4 + 2**40} cells long padded; the kernels' int32 coordinates address at most "
        "2**31 - 1."),
+    _r(_W, SELECT, "a padded input past what XLA can size",
+       "{M}((3, 3, 3), 1, 2**29, dilation=2**29)(x(2, 8, 8, 8, 16))", "ValueError",
+       "{M}(window_shape=(3, 3, 3), strides=(1, 1, 1), padding=((536870912, 536870912), "
+       "(536870912, 536870912), (536870912, 536870912)), dilation=(536870912, 536870912, "
+       "536870912)): the input of shape (2, 8, 8, 8, 16) padded to (2, 1073741832, 1073741832, "
+       f"1073741832, 16) would be an array of {2 * (2**30 + 8)**3 * 16} elements, more than "
+       "the 2**60 that XLA can size (an int64 count of bytes, up to 8 an element); XLA would "
+       "abort the interpreter. Pass less `padding` (at most half the dilated window is "
+       "allowed, so a large `dilation` or window admits a large one)."),
     _r(_W, "AvgPool", "`divisor_override` past int64", "AvgPool((2, 2), divisor_override=2**63)",
        "ValueError", f"`divisor_override` must be at most 2**63 - 1 (int64); got {2**63}."),
     _r(_W, ALL_WINDOW, "`window_shape` past int64", "{M}((2, 2**63))", "ValueError",
@@ -867,8 +880,19 @@ ROWS = (
        f"{_AGREE}"),
     _r(_BMF, "BlurPool", "`pad_mode` not one of F.pad's", "BlurPool(pad_mode='zeros')",
        "ValueError", f"`pad_mode` must be one of {_PAD_MODES}; got 'zeros'."),
-    _r(_BMF, "BlurPool", "`pad_mode` not a string", "BlurPool(pad_mode=None)", "ValueError",
+    _r(_BMF, "BlurPool", "`pad_mode` not a string", "BlurPool(pad_mode=None)", "TypeError",
        f"`pad_mode` must be one of {_PAD_MODES}; got None."),
+    _r(_BMF, "BlurPool", "`filter_size` over 1024", "BlurPool(1025)", "ValueError",
+       "`filter_size` must be at most 1024 in every dim (the kernel takes one slice per tap, so "
+       "its program grows with the filter); got 1025. (timm 1.0.31 builds at most 64: from 65 "
+       "its binomials overflow int64.)"),
+    _r(_BMF, "BlurPool", "`strides` whose padding XLA cannot size",
+       "BlurPool(3, 10**9, pad_mode='constant')(x(2, 8, 8, 16))", "ValueError",
+       "BlurPool: the input of shape (2, 8, 8, 16) padded to (2, 1000000008, 1000000008, 16) "
+       "would be an array of 32000000512000002048 elements, more than the 2**60 that XLA can "
+       "size (an int64 count of bytes, up to 8 an element); XLA would abort the interpreter. "
+       "timm's padding grows with the stride, ((strides - 1) + (filter_size - 1)) // 2 a side, "
+       "here (500000000, 500000000): use smaller `strides`."),
     _r(_BMF, "BlurPool", "timm's positional `channels` first", "BlurPool(64, 3, 2)", "TypeError",
        "BlurPool got 3 positional arguments, at most 2; BlurPool takes (filter_size, strides, "
        "*, pad_mode, in_features, num_spatial_dims)."),
