@@ -22,8 +22,11 @@ computes it (``aten/src/ATen/native/FractionalMaxPool2d.cpp`` and
 * ``samples`` is ``(N, C, num_spatial_dims)``, PyTorch's ``_random_samples``; which
   sample drives which dim is PyTorch's: in 2-D the first drives W and the second
   H, in 3-D they drive T, H and W in order (1-D, which PyTorch lacks: the one
-  sample). Samples are used as given (PyTorch draws them with ``torch.rand``, in
-  ``[0, 1)``, and checks only their shape and dtype).
+  sample). PyTorch draws them with ``torch.rand``, in ``[0, 1)``, and checks only
+  their shape and dtype; here concrete samples outside ``[0, 1)`` (or NaN) are a
+  ValueError. Under ``jax.jit`` the samples are tracers, whose values are not known
+  when the call is traced: they are not checked there and go into PyTorch's interval
+  rule as given, the window starts clamped to fit the input.
 * within a window, the first maximum in row-major order wins ties, NaN propagates
   and the last NaN wins; an all ``-inf`` window reports its first cell. Indices
   are flat per plane, ``h * W + w`` (``(t * H + h) * W + w`` in 3-D), int32.
@@ -253,7 +256,22 @@ def _samples_from(samples, key, x_dtype, batch: tuple[int, ...], channels: int, 
     raise ValueError(
         f"{name}: `samples` must have shape {accepted} (the input's batch axes, its "
         f"{channels} channels, one sample per spatial dim); got {tuple(samples.shape)}.")
+  _check_sample_range(samples, name)
   return samples.reshape(n, channels, ndim).astype(x_dtype)
+
+
+def _check_sample_range(samples: jax.Array, name: str) -> None:
+  """Refuses concrete samples outside ``[0, 1)`` or NaN; traced ones (under jit) pass unseen."""
+  try:
+    values = np.asarray(samples, np.float64)
+  except jax.errors.TracerArrayConversionError:
+    return
+  outside = values[~((values >= 0) & (values < 1))]  # NaN compares false: outside too
+  if outside.size:
+    raise ValueError(
+        f"{name}: `samples` must lie in [0, 1), where PyTorch's torch.rand draws them; got "
+        f"{outside.size} outside it, the first {float(outside[0])!r}. Draw them with "
+        "jax.random.uniform, or pass rngs (key) instead.")
 
 
 def _key_from_rngs(rngs, name: str) -> jax.Array | None:
@@ -423,6 +441,7 @@ class FractionalMaxPool(nnx.Module):
      self.in_features) = _configure(window_shape, output_size, output_ratio, return_indices,
                                     num_spatial_dims, in_features)
 
+  @flax_names
   def __call__(self, inputs: jax.Array, *, samples: ArrayLike | None = None,
                rngs: nnx.Rngs | nnx.RngStream | jax.Array | None = None
                ) -> jax.Array | tuple[jax.Array, jax.Array]:

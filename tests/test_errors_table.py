@@ -991,6 +991,15 @@ ROWS = (
        "FractionalMaxPool(2, 3, _random_samples=x(1, 1, 2))", "TypeError",
        "FractionalMaxPool takes `samples` (nnx-pool's name) when called, not `_random_samples` "
        "(PyTorch's) when built: write FractionalMaxPool(...)(inputs, samples=...) instead."),
+    _r(_BMF, "FractionalMaxPool", "PyTorch's `_random_samples` when called",
+       f"FractionalMaxPool(2, 3)(x(2, 6, 6, 3), _random_samples={_S})", "TypeError",
+       "FractionalMaxPool's call takes `samples` (nnx-pool's name), not `_random_samples` "
+       "(PyTorch's): write samples=... instead."),
+    _r(_BMF, "FractionalMaxPool", "`samples` outside [0, 1) or NaN (checked outside jit)",
+       f"FractionalMaxPool(2, 3)(x(2, 6, 6, 3), samples={_S} + 5.0)", "ValueError",
+       "FractionalMaxPool: `samples` must lie in [0, 1), where PyTorch's torch.rand draws them; "
+       "got 12 outside it, the first 5.0. Draw them with jax.random.uniform, or pass rngs (key) "
+       "instead."),
     _r(_BMF, "FractionalMaxPool", "a window and output size that do not fit",
        f"FractionalMaxPool(3, 5)(x(2, 6, 6, 3), samples={_S})", "ValueError",
        "FractionalMaxPool: window 3 with 5 outputs does not fit spatial dim 0 of length 6: "
