@@ -118,6 +118,24 @@ _POOL_TYPES = ("'token' (the first token, (N, out)), '' (the attended map withou
 _APSD = ("{'qkv.weight': np.zeros((24, 8)), 'qkv.bias': np.zeros(24), 'proj.weight': "
          "np.zeros((8, 8)), 'proj.bias': np.zeros(8), 'pos_embed': np.zeros((%d, 8))}")
 
+# AttentionPoolLatent's key sets: a ViT's head (norm.*), with and without the q/kv biases and
+# q_norm/k_norm, then the same four as timm's default, norm_layer=None (no norm.*).
+_LATENT_WITH_NORM = (
+    "kv.bias, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, mlp.fc2.weight, "
+    "norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight",
+    "k_norm.bias, k_norm.weight, kv.bias, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
+    "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.bias, "
+    "q.weight, q_norm.bias, q_norm.weight",
+    "kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, mlp.fc2.weight, norm.bias, "
+    "norm.weight, proj.bias, proj.weight, q.weight",
+    "k_norm.bias, k_norm.weight, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, "
+    "mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.weight, q_norm.bias, "
+    "q_norm.weight",
+)
+_LATENT_KEY_SETS = "; ".join(
+    [*_LATENT_WITH_NORM, *(keys.replace(" norm.bias, norm.weight,", "")
+                           for keys in _LATENT_WITH_NORM)])
+
 _BMF = "Blur, median and fractional max pooling"
 _FAMILY_POOLS = ("BlurPool", "MedianPool", "FractionalMaxPool")  # {M}(2, 3) builds each
 _PAD_MODES = "'reflect', 'constant', 'replicate', 'circular' (F.pad's modes)"
@@ -672,6 +690,15 @@ ROWS = (
     _r(_F, "LsePlusPool", "unexpected keys", "LsePlusPool.from_torch({'p': np.ones(1)})",
        "ValueError", f"LsePlusPool.from_torch: unexpected state-dict keys. Expected one of: r. "
        f"Received: p. {_PREFIX}"),
+    _r(_F, "GeMPool", "a loaded `p` the constructor refuses",
+       "GeMPool.from_torch({'p': np.zeros(1)})", "ValueError",
+       "GeMPool.from_torch: `p` must be a positive finite number; got 0.0."),
+    _r(_F, "GeMPool", "a weight that is not floating (int, bool, complex)",
+       "GeMPool.from_torch({'p': np.ones(1, np.int64)})", "TypeError",
+       "GeMPool.from_torch: `p` must hold floating weights; got dtype int64."),
+    _r(_F, "GeMPool", "a weight with NaN or inf", "GeMPool.from_torch({'p': np.full(1, np.inf)})",
+       "ValueError", "GeMPool.from_torch: `p` holds 1 non-finite values (NaN or inf) of 1; a "
+       "module built from it would compute NaN."),
     _r(_F, _GENERALIZED, "`rngs` passed", "{M}.from_torch({}, rngs=rngs)", "TypeError",
        "{M}.from_torch: do not pass rngs; sizes come from the weights and no initialiser runs."),
     # ------------------------------------------------------------ attention heads
@@ -783,17 +810,13 @@ ROWS = (
     _r(_AF, "AttentionPoolLatent", "unexpected keys",
        "AttentionPoolLatent.from_torch({'attn_pool.latent': np.zeros((1, 1, 8))}, num_heads=2)",
        "ValueError",
-       "AttentionPoolLatent.from_torch: unexpected state-dict keys. Expected one of: kv.bias, "
-       "kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, mlp.fc2.weight, "
-       "norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight; k_norm.bias, "
-       "k_norm.weight, kv.bias, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, "
-       "mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight, "
-       "q_norm.bias, q_norm.weight; kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
-       "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, "
-       "q.weight; k_norm.bias, k_norm.weight, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
-       "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.weight, "
-       "q_norm.bias, q_norm.weight. Received: attn_pool.latent. Strip any parent prefix first, "
+       f"AttentionPoolLatent.from_torch: unexpected state-dict keys. Expected one of: "
+       f"{_LATENT_KEY_SETS}. Received: attn_pool.latent. Strip any parent prefix first, "
        "e.g. {k.removeprefix('se.'): v for k, v in sd.items() if k.startswith('se.')}."),
+    _r(_AF, "AttentionPool", "a position embedding that is not 2-D",
+       "AttentionPool.from_torch(" + _APSD.replace("(%d, 8)", "80") + ", num_heads=2, "
+       "feat_size=(3, 3))", "ValueError",
+       "AttentionPool.from_torch: `pos_embed` must be (1 + H*W, C); got shape (80,)."),
     _r(_AF, "AttentionPool", "a position embedding of a non-square map without `feat_size`",
        "AttentionPool.from_torch(" + _APSD % 11 + ", num_heads=2)", "ValueError",
        "AttentionPool.from_torch: `pos_embed` of shape (11, 8) holds 10 map positions, not a "
