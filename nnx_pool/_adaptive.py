@@ -180,21 +180,33 @@ def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_f
   return unbatch(y, batch)
 
 
+def _global_options(num_spatial_dims, keepdims, in_features) -> tuple[int, bool, int | None]:
+  """The global pools' arguments, checked: the modules' and the functions' one place."""
+  return (check_num_spatial_dims(num_spatial_dims), check_bool(keepdims, "keepdims"),
+          check_in_features(in_features))
+
+
 @flax_names
 def global_avg_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
   """The function form of :class:`GlobalAvgPool`, with the same arguments and checks."""
-  return _global(inputs, "float", check_num_spatial_dims(num_spatial_dims),
-                 check_bool(keepdims, "keepdims"), check_in_features(in_features),
-                 "global_avg_pool")
+  options = _global_options(num_spatial_dims, keepdims, in_features)
+  return _global(inputs, "float", *options, "global_avg_pool")
 
 
 @flax_names
 def global_max_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
-  """The function form of :class:`GlobalMaxPool`, with the same arguments and checks."""
-  return _global(inputs, "ordered", check_num_spatial_dims(num_spatial_dims),
-                 check_bool(keepdims, "keepdims"), check_in_features(in_features),
+  """The function form of :class:`GlobalMaxPool`, with the same arguments and checks.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import functional as F
+    >>> F.global_max_pool(jnp.array([[3., 1.], [4., 1.], [5., 9.]]), num_spatial_dims=1)
+    Array([5., 9.], dtype=float32)
+  """
+  return _global(inputs, "ordered", *_global_options(num_spatial_dims, keepdims, in_features),
                  "global_max_pool")
 
 
@@ -275,9 +287,8 @@ class _GlobalPool(nnx.Module):
   def __init__(
       self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
   ):
-    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
-    self.keepdims = check_bool(keepdims, "keepdims")
-    self.in_features = check_in_features(in_features)
+    self.num_spatial_dims, self.keepdims, self.in_features = _global_options(
+        num_spatial_dims, keepdims, in_features)
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).

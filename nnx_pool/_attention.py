@@ -516,10 +516,9 @@ class AttentionPoolLatent(nnx.Module):
     pool_type: ``"token"`` for the first latent, ``(N, out)``; ``"avg"`` for the
       latents' mean, ``(N, out)``; ``""`` for all of them, ``(N, latent_len, out)``
       (default ``"token"``).
-    dtype: the computation dtype (default None: the promotion of the input and the
-      parameters); the output keeps the input's dtype.
-    param_dtype: the parameter dtype (default float32).
-    rngs: random number streams for the initial parameters.
+    dtype, param_dtype, rngs: the computation dtype, the parameter dtype and the random
+      streams for the initial parameters, as :class:`AttentionPool` takes them (the
+      defaults too; the output keeps the input's dtype).
   """
 
   @flax_names

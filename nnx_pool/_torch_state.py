@@ -348,7 +348,8 @@ TORCH_KEYS: dict[str, Loader] = {
                              num_spatial_dims=p["spatial_conv.kernel"].ndim - 2),
     ),
     # Issue 25, the generalized pools (nnx_pool._generalized) and timm's remaining gates
-    # (nnx_pool._context_gates); SqueezeExcitation's bn key sets are in its entry above.
+    # (nnx_pool._cbam, nnx_pool._context_gates); SqueezeExcitation's bn key sets are in its
+    # entry above.
     # GeM as cnnimageretrieval-pytorch defines it: p = Parameter(torch.ones(1) * p). The
     # constructor reads p (and r below), so that its check holds for loaded weights too.
     "GeMPool": Loader(

@@ -23,14 +23,11 @@ import pytest
 from flax import nnx
 
 from nnx_pool._attention import AttentionPool, AttentionPoolLatent
-from nnx_pool._context_gates import GlobalContext, LightCBAM
-from nnx_pool._gates import (
-  CBAM,
-  EffectiveSqueezeExcitation,
-  EfficientChannelAttention,
-  SqueezeExcitation,
-)
+from nnx_pool._cbam import CBAM, LightCBAM
+from nnx_pool._context_gates import GlobalContext
+from nnx_pool._eca import EfficientChannelAttention
 from nnx_pool._generalized import GeMPool, LsePlusPool
+from nnx_pool._squeeze_excite import EffectiveSqueezeExcitation, SqueezeExcitation
 from nnx_pool._torch_state import (
   TORCH_KEYS,
   Loader,
