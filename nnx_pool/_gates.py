@@ -79,7 +79,6 @@ from nnx_pool._numerics import accumulation_dtype, true_divide
 from nnx_pool._select import extremum
 
 Activation = Callable[[jax.Array], jax.Array]
-Activation = Callable[[jax.Array], jax.Array]
 Initializer = Callable[..., jax.Array]
 
 
