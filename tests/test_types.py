@@ -320,6 +320,28 @@ def test_each_misuse_is_reported_on_its_line(diagnostics):
   assert not unexpected, "\n".join(unexpected)
 
 
+def test_the_links_lay_out_the_package_as_installed(tmp_path):
+  # tools/link_layout.py into a stand-in environment: every module of nnx_pool/ linked, the
+  # regression/ folder as nnx_pool/regression, and a .pth naming the folder.
+  sys.path.insert(0, str(ROOT / "tools"))
+  try:
+    from link_layout import link_layout
+  finally:
+    sys.path.remove(str(ROOT / "tools"))
+  (tmp_path / "site-packages").mkdir()
+  tree = link_layout(tmp_path, tmp_path / "site-packages")
+  package = tree / "nnx_pool"
+  assert (tmp_path / "site-packages" / "nnx-pool-links.pth").read_text() == f"{tree}\n"
+  assert sorted(p.name for p in package.iterdir() if p.suffix in (".py", ".pyi")) == sorted(
+      p.name for p in (ROOT / "nnx_pool").iterdir() if p.suffix in (".py", ".pyi"))
+  assert all(p.is_symlink() for p in package.iterdir())
+  assert (package / "_pool.py").resolve() == ROOT / "nnx_pool" / "_pool.py"
+  assert (package / "regression").resolve() == ROOT / "regression"
+  assert (package / "regression" / "guard.py").is_file()
+  link_layout(tmp_path, tmp_path / "site-packages")  # again: replaced, not nested
+  assert not (package / "nnx_pool").exists() and (package / "py.typed").is_symlink()
+
+
 def test_the_correct_file_runs(tmp_path):
   """Every call in user_ok.py is one nnx-pool accepts: run it (the guard records a baseline)."""
   script = tmp_path / "user_ok.py"
