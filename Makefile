@@ -20,12 +20,15 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 .PHONY: check test test-quick test-rehearsal test-integration test-floor lint baseline bench clean docs test-site \
 	docs-screenshots typecheck
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml $(CONSTRAINTS) tools/link_layout.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# setuptools >= 77 reads the SPDX license string; tests/test_install.py builds the
 	# wheel with this venv's own setuptools (no build isolation), and a fresh venv has 65.
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	# The editable install maps regression/ with an import hook, which type checkers and
+	# editors cannot follow: links they can read (tools/link_layout.py says why).
+	$(BIN)/python tools/link_layout.py
 	touch $@
 
 check: $(STAMP)
@@ -91,10 +94,12 @@ docs-screenshots:
 
 # pyright (basic mode, [tool.pyright] in pyproject.toml) over nnx_pool/ and regression/ as
 # installed (copied to build/typecheck), a warning failing it as an error does; then a user's
-# files through the public API, correct use and misuses (tests/test_types.py, marked
-# `typecheck`).
+# files through the public API, correct use and misuses, in a folder outside the repository
+# with this venv's interpreter (tests/test_types.py, marked `typecheck`). The links are
+# relaid first, so a module added since the venv was made is seen.
 typecheck:
 	$(MAKE) $(VENV)/.installed-test-typecheck EXTRAS=test,typecheck
+	$(BIN)/python tools/link_layout.py
 	$(BIN)/python docs/site_src/installed_layout.py build/typecheck
 	$(BIN)/pyright --warnings --pythonpath $(BIN)/python
 	$(BIN)/python -m pytest -m typecheck tests/test_types.py -n 0 $(PYTEST_ARGS)

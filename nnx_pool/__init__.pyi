@@ -18,14 +18,12 @@ from nnx_pool._backend import current_implementation as current_implementation
 from nnx_pool._backend import set_default_implementation as set_default_implementation
 from nnx_pool._backend import use_implementation as use_implementation
 from nnx_pool._blur import BlurPool as BlurPool
+from nnx_pool._cbam import CBAM as CBAM
+from nnx_pool._cbam import LightCBAM as LightCBAM
 from nnx_pool._context_gates import GlobalContext as GlobalContext
-from nnx_pool._context_gates import LightCBAM as LightCBAM
+from nnx_pool._eca import EfficientChannelAttention as EfficientChannelAttention
+from nnx_pool._eca import eca_kernel_size as eca_kernel_size
 from nnx_pool._fractional import FractionalMaxPool as FractionalMaxPool
-from nnx_pool._gates import CBAM as CBAM
-from nnx_pool._gates import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
-from nnx_pool._gates import EfficientChannelAttention as EfficientChannelAttention
-from nnx_pool._gates import SqueezeExcitation as SqueezeExcitation
-from nnx_pool._gates import eca_kernel_size as eca_kernel_size
 from nnx_pool._gates import make_divisible as make_divisible
 from nnx_pool._generalized import GeMPool as GeMPool
 from nnx_pool._generalized import LsePlusPool as LsePlusPool
@@ -36,6 +34,8 @@ from nnx_pool._pool import AvgPool as AvgPool
 from nnx_pool._pool import LPPool as LPPool
 from nnx_pool._pool import MaxPool as MaxPool
 from nnx_pool._pool import MinPool as MinPool
+from nnx_pool._squeeze_excite import EffectiveSqueezeExcitation as EffectiveSqueezeExcitation
+from nnx_pool._squeeze_excite import SqueezeExcitation as SqueezeExcitation
 from nnx_pool._unpool import MaxUnpool as MaxUnpool
 
 __version__: str

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Generic, Literal, cast, overload
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +64,7 @@ from nnx_pool._layout import (
   unbatch,
 )
 from nnx_pool._numerics import accumulation_dtype, mean, spatial_mean, true_divide
-from nnx_pool._select import arg_extremum_over_bins, flat_indices
+from nnx_pool._select import Out, ValuesAndIndices, arg_extremum_over_bins, flat_indices
 from nnx_pool._separable import select, window_sum
 from nnx_pool._taps import along, bin_slots
 
@@ -180,21 +180,33 @@ def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_f
   return unbatch(y, batch)
 
 
+def _global_options(num_spatial_dims, keepdims, in_features) -> tuple[int, bool, int | None]:
+  """The global pools' arguments, checked: the modules' and the functions' one place."""
+  return (check_num_spatial_dims(num_spatial_dims), check_bool(keepdims, "keepdims"),
+          check_in_features(in_features))
+
+
 @flax_names
 def global_avg_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
   """The function form of :class:`GlobalAvgPool`, with the same arguments and checks."""
-  return _global(inputs, "float", check_num_spatial_dims(num_spatial_dims),
-                 check_bool(keepdims, "keepdims"), check_in_features(in_features),
-                 "global_avg_pool")
+  options = _global_options(num_spatial_dims, keepdims, in_features)
+  return _global(inputs, "float", *options, "global_avg_pool")
 
 
 @flax_names
 def global_max_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
                     in_features: int | None = None) -> jax.Array:
-  """The function form of :class:`GlobalMaxPool`, with the same arguments and checks."""
-  return _global(inputs, "ordered", check_num_spatial_dims(num_spatial_dims),
-                 check_bool(keepdims, "keepdims"), check_in_features(in_features),
+  """The function form of :class:`GlobalMaxPool`, with the same arguments and checks.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import functional as F
+    >>> F.global_max_pool(jnp.array([[3., 1.], [4., 1.], [5., 9.]]), num_spatial_dims=1)
+    Array([5., 9.], dtype=float32)
+  """
+  return _global(inputs, "ordered", *_global_options(num_spatial_dims, keepdims, in_features),
                  "global_max_pool")
 
 
@@ -275,9 +287,8 @@ class _GlobalPool(nnx.Module):
   def __init__(
       self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
   ):
-    self.num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
-    self.keepdims = check_bool(keepdims, "keepdims")
-    self.in_features = check_in_features(in_features)
+    self.num_spatial_dims, self.keepdims, self.in_features = _global_options(
+        num_spatial_dims, keepdims, in_features)
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
@@ -385,7 +396,7 @@ class AdaptiveAvgPool(nnx.Module):
                      type(self).__name__, self)
 
 
-class AdaptiveMaxPool(nnx.Module):
+class AdaptiveMaxPool(nnx.Module, Generic[Out]):
   """Max over PyTorch's adaptive bins, channels-last, in 1, 2 or 3 spatial dims.
 
   Bins as :class:`AdaptiveAvgPool`. On ties the first maximum in row-major
@@ -408,11 +419,28 @@ class AdaptiveMaxPool(nnx.Module):
     num_spatial_dims: 1, 2 or 3, keyword-only (default None: a tuple
       ``output_size`` gives its length, an int means 2).
     return_indices: also return PyTorch's int32 flat per-plane index of each
-      selected cell (``h * W + w`` in 2-D), in the output's shape (default False).
+      selected cell (``h * W + w`` in 2-D), in the output's shape (default False). Type
+      checkers read it: built with a literal True the module is an
+      ``AdaptiveMaxPool[tuple[jax.Array, jax.Array]]``, else an
+      ``AdaptiveMaxPool[jax.Array]`` (what a bare ``AdaptiveMaxPool`` means).
     in_features: the channel count, checked against the last axis when given
       (default None).
   """
 
+  # A literal return_indices picks what a call returns (AdaptiveMaxPool[jax.Array] or
+  # AdaptiveMaxPool[tuple[jax.Array, jax.Array]]); a bool variable gives the union.
+  @overload
+  def __init__(self: AdaptiveMaxPool[jax.Array], output_size: OutputSizeLike, *,
+               num_spatial_dims: int | None = None, return_indices: Literal[False] = False,
+               in_features: int | None = None) -> None: ...
+  @overload
+  def __init__(self: AdaptiveMaxPool[ValuesAndIndices], output_size: OutputSizeLike, *,
+               num_spatial_dims: int | None = None, return_indices: Literal[True],
+               in_features: int | None = None) -> None: ...
+  @overload
+  def __init__(self: AdaptiveMaxPool[jax.Array | ValuesAndIndices], output_size: OutputSizeLike,
+               *, num_spatial_dims: int | None = None, return_indices: bool,
+               in_features: int | None = None) -> None: ...
   @flax_names
   def __init__(self, output_size: OutputSizeLike, *, num_spatial_dims: int | None = None,
                return_indices: bool = False, in_features: int | None = None):
@@ -421,14 +449,14 @@ class AdaptiveMaxPool(nnx.Module):
     self.return_indices = check_bool(return_indices, "return_indices")
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
+  def __call__(self, inputs: jax.Array) -> Out:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``.
 
     Returns:
       The pooled array; with ``return_indices=True``, ``(values, indices)``.
     """
-    return _adaptive(inputs, self.output_size, "max", self.return_indices, self.in_features,
-                     type(self).__name__, self)
+    return cast(Out, _adaptive(inputs, self.output_size, "max", self.return_indices,
+                               self.in_features, type(self).__name__, self))
 
 
 class SelectAdaptivePool(nnx.Module):

@@ -108,22 +108,24 @@ PEER_NAMES: dict[str, tuple[str, str, str]] = {
 
 
 def flax_names(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-  """Wraps a public function or ``__init__`` so that a wrong keyword names the public API.
+  """Wraps a public function, ``__init__`` or ``__call__`` so that a wrong keyword names the
+  public API.
 
   A peer's name for one of ``fn``'s arguments (:data:`PEER_NAMES`) is a TypeError
   naming the one to use: "MaxPool takes `strides` (Flax's name), not `stride`
   (PyTorch's)". A peer's constructor argument that a module takes per call instead
   (a keyword-only argument of its ``__call__``, such as PyTorch's ``_random_samples``)
   is answered with the call to write. Any other unknown keyword, or too many
-  positional arguments, is a TypeError that names the public class or function (not
-  a private base class) and lists what it takes. Correct calls pay one set difference.
+  positional arguments, is a TypeError that names the public class (``"FractionalMaxPool's
+  call"`` for a ``__call__``) or function, not a private base class, and lists what it
+  takes. Correct calls pay one set difference.
   """
   parameters = inspect.signature(fn).parameters
   names = frozenset(parameters)
   positional = [p.name for p in parameters.values()
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
   keyword = [p.name for p in parameters.values() if p.kind == p.KEYWORD_ONLY]
-  is_method = fn.__name__ == "__init__"
+  is_method = fn.__name__ in ("__init__", "__call__")
   if is_method:
     positional = positional[1:]
 
@@ -133,7 +135,9 @@ def flax_names(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     too_many = len(args) - is_method > len(positional)
     if unknown or too_many:
       owner = type(args[0]).__name__ if is_method else fn.__name__
-      called = _call_keywords(type(args[0])) if is_method else ()
+      called = _call_keywords(type(args[0])) if fn.__name__ == "__init__" else ()
+      if fn.__name__ == "__call__":
+        owner += "'s call"
       _refuse(owner, sorted(unknown), len(args) - is_method, positional, keyword, called)
     return fn(*args, **kwargs)
 

@@ -55,6 +55,8 @@ from nnx_pool._torch_state import TORCH_KEYS, load
 
 # timm's LayerNorm (timm/layers/norm.py), the norm_layer a ViT gives its MAP head.
 _LAYER_NORM_EPS = 1e-6
+# PyTorch's nn.LayerNorm, timm's q/k norm when the head has no norm_layer.
+_TORCH_LAYER_NORM_EPS = 1e-5
 
 # ----------------------------------------------------------------------------
 # Position-embedding resampling: timm's resample_abs_pos_embed.
@@ -459,9 +461,10 @@ class _Mlp(nnx.Module):
     return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
 
 
-def _layer_norm(features: int, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def _layer_norm(features: int, epsilon: float, dtype, param_dtype,
+                rngs: nnx.Rngs) -> nnx.LayerNorm:
   # Two-pass variance, as PyTorch's layer_norm (Flax's default E[x^2] - E[x]^2 loses digits).
-  return nnx.LayerNorm(features, epsilon=_LAYER_NORM_EPS, use_fast_variance=False, dtype=dtype,
+  return nnx.LayerNorm(features, epsilon=epsilon, use_fast_variance=False, dtype=dtype,
                        param_dtype=param_dtype, rngs=rngs)
 
 
@@ -477,7 +480,9 @@ class AttentionPoolLatent(nnx.Module):
   optionally with LayerNorms on each head's q and k (``qk_norm``); ``proj`` maps
   the result to ``out_features``, and ``x + mlp(norm(x))`` follows, with timm's
   LayerNorm (eps 1e-6) and an MLP ``fc1``, exact (erf) GELU, ``fc2`` of hidden
-  width ``int(out_features * mlp_ratio)``.
+  width ``int(out_features * mlp_ratio)``. ``norm=False`` is timm's own default,
+  ``norm_layer=None``: ``x + mlp(x)`` without the norm, and ``qk_norm``'s norms are
+  PyTorch's ``nn.LayerNorm`` (eps 1e-5).
 
   Example usage::
 
@@ -505,21 +510,22 @@ class AttentionPoolLatent(nnx.Module):
     mlp_ratio: the MLP's hidden width over ``out_features`` (default 4.0).
     qkv_bias: whether ``q`` and ``kv`` have biases (default True).
     qk_norm: a LayerNorm over each head's q and k (default False).
+    norm: the LayerNorm before the MLP, as a ViT builds the head (default True); False
+      is timm's default ``norm_layer=None`` (no norm; ``qk_norm``'s eps is then 1e-5).
     latent_len: the number of latent queries (default 1).
     pool_type: ``"token"`` for the first latent, ``(N, out)``; ``"avg"`` for the
       latents' mean, ``(N, out)``; ``""`` for all of them, ``(N, latent_len, out)``
       (default ``"token"``).
-    dtype: the computation dtype (default None: the promotion of the input and the
-      parameters); the output keeps the input's dtype.
-    param_dtype: the parameter dtype (default float32).
-    rngs: random number streams for the initial parameters.
+    dtype, param_dtype, rngs: the computation dtype, the parameter dtype and the random
+      streams for the initial parameters, as :class:`AttentionPool` takes them (the
+      defaults too; the output keeps the input's dtype).
   """
 
   @flax_names
   def __init__(
       self, in_features: int, *, out_features: int | None = None,
       embed_dim: int | None = None, num_heads: int = 8, mlp_ratio: float = 4.0,
-      qkv_bias: bool = True, qk_norm: bool = False, latent_len: int = 1,
+      qkv_bias: bool = True, qk_norm: bool = False, norm: bool = True, latent_len: int = 1,
       pool_type: str = "token", dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
       rngs: nnx.Rngs,
   ):
@@ -541,6 +547,7 @@ class AttentionPoolLatent(nnx.Module):
     self.mlp_ratio = mlp_ratio
     qkv_bias = check_bool(qkv_bias, "qkv_bias")
     qk_norm = check_bool(qk_norm, "qk_norm")
+    norm = check_bool(norm, "norm")
     self.latent_len = check_positive_int(latent_len, "latent_len")
     self.pool_type = _check_choice(pool_type, "pool_type", _LATENT_POOL_TYPES)
     self.dtype = dtype
@@ -551,10 +558,11 @@ class AttentionPoolLatent(nnx.Module):
         rngs.params(), (1, self.latent_len, self.embed_dim), param_dtype))
     self.q = nnx.Linear(self.embed_dim, self.embed_dim, use_bias=qkv_bias, **options)
     self.kv = nnx.Linear(self.in_features, 2 * self.embed_dim, use_bias=qkv_bias, **options)
-    self.q_norm = _layer_norm(self.head_dim, dtype, param_dtype, rngs) if qk_norm else None
-    self.k_norm = _layer_norm(self.head_dim, dtype, param_dtype, rngs) if qk_norm else None
+    qk_eps = _LAYER_NORM_EPS if norm else _TORCH_LAYER_NORM_EPS  # timm: norm_layer or LayerNorm
+    self.q_norm = _layer_norm(self.head_dim, qk_eps, **options) if qk_norm else None
+    self.k_norm = _layer_norm(self.head_dim, qk_eps, **options) if qk_norm else None
     self.proj = nnx.Linear(self.embed_dim, self.out_features, **options)
-    self.norm = _layer_norm(self.out_features, dtype, param_dtype, rngs)
+    self.norm = _layer_norm(self.out_features, _LAYER_NORM_EPS, **options) if norm else None
     self.mlp = _Mlp(self.out_features, hidden, **options)
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -604,7 +612,7 @@ class AttentionPoolLatent(nnx.Module):
     compute = jnp.promote_types(q.dtype, v.dtype)
     out = attend(q.astype(compute), k.astype(compute), v.astype(compute))
     out = self.proj(out.reshape(n, self.latent_len, e))
-    out = out + self.mlp(self.norm(out))
+    out = out + self.mlp(out if self.norm is None else self.norm(out))
     if self.pool_type == "token":
       return out[:, 0]
     if self.pool_type == "avg":
@@ -617,11 +625,13 @@ class AttentionPoolLatent(nnx.Module):
 
     Accepted keys: ``latent`` ``(1, latent_len, E)``, ``q.*``, ``kv.*`` (``(2 E, C)``:
     rows k, then v), with or without biases, ``q_norm.*`` and ``k_norm.*`` when
-    ``qk_norm=True``, ``proj.*``, ``norm.*``, ``mlp.fc1.*`` and ``mlp.fc2.*``.
-    ``in_features``, ``embed_dim``, ``out_features``, ``mlp_ratio``, ``qkv_bias``,
-    ``qk_norm`` and ``latent_len`` come from the weights. timm builds the head
-    with ``norm_layer=None`` (no ``norm.*``; ViT always passes its LayerNorm),
-    ``out_features=0``, ``q_proj=False`` or ``pos_embed='abs'`` are not supported.
+    ``qk_norm=True``, ``proj.*``, ``norm.*`` (a ViT's head), ``mlp.fc1.*`` and
+    ``mlp.fc2.*``.
+    Without ``norm.*`` it is timm's default ``AttentionPoolLatent(C, num_heads=h)``
+    (``norm_layer=None``), loaded as ``norm=False``. ``in_features``, ``embed_dim``,
+    ``out_features``, ``mlp_ratio``, ``qkv_bias``, ``qk_norm``, ``norm`` and
+    ``latent_len`` come from the weights. timm's ``out_features=0``, ``q_proj=False``
+    and ``pos_embed='abs'`` are not supported.
 
     Args:
       state_dict: the PyTorch module's ``state_dict()``, keys without a prefix

@@ -14,6 +14,12 @@ timm's ``get_padding(filter_size, stride) = ((stride - 1) + (filter_size - 1)) /
 * ``"replicate"``: the edge repeated;
 * ``"circular"``: wrapped around; at most the dim's length, as PyTorch requires.
 
+The coefficients are the exact ratios rounded to float32: timm's values bit for bit for
+every size timm builds (2 to 64), and correct up to this module's limit of 1024 taps
+(:data:`MAX_FILTER_SIZE`), where float32 binomials would overflow. Padding that would make
+the padded input too large for XLA to size (a huge stride in ``"constant"`` or
+``"replicate"`` mode) is refused before XLA sees it.
+
 The padding is the same on both sides, so an even filter's output differs from an odd
 one's, as timm's does: ``filter_size=4`` gives ``L - 1`` outputs at stride 1 and
 ``L // 2 + 1`` at stride 2, where 3 gives ``L`` and ``ceil(L / 2)``. timm's filter is a
@@ -43,7 +49,7 @@ from flax import nnx
 from jax import lax
 
 from nnx_pool._args import flax_names, is_int
-from nnx_pool._geometry import SizeLike, as_tuple, spatial_dims
+from nnx_pool._geometry import SizeLike, as_tuple, check_padded_size, spatial_dims
 from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype
@@ -62,7 +68,8 @@ Pads = tuple[tuple[int, int], ...]
 
 def check_pad_mode(value) -> str:
   if not isinstance(value, str) or value not in PAD_MODES:
-    raise ValueError(
+    error = ValueError if isinstance(value, str) else TypeError
+    raise error(
         f"`pad_mode` must be one of {', '.join(map(repr, PAD_MODES))} (F.pad's modes); "
         f"got {value!r}.")
   return value
@@ -98,10 +105,23 @@ def torch_pad(x: jax.Array, pads: Pads, mode: str) -> jax.Array:
 # ----------------------------------------------------------------------------
 
 
+# The longest filter: the kernel takes one strided slice per tap and dim, so its program grows
+# with the filter (a 1024-tap 2-D blur of a 520 x 520 map: 4.5 s to its first result on the
+# 2-core CPU, 0.47 s after).
+MAX_FILTER_SIZE = 1024
+
+
 def binomial_filter(size: int) -> tuple[float, ...]:
-  """timm's 1-D filter ``C(n-1, k) / 2^(n-1)``, computed in float32 as timm computes it."""
-  coeffs = np.array([math.comb(size - 1, k) for k in range(size)], np.float32)
-  return tuple(float(c) for c in coeffs / np.float32(2 ** (size - 1)))
+  """timm's 1-D filter ``C(n-1, k) / 2^(n-1)`` as float32 values (Python floats).
+
+  Each coefficient is the exact integer ratio correctly rounded, then rounded to float32:
+  timm 1.0.31's float32 values bit for bit for every size it builds (2 to 64; from 65 its
+  ``torch.tensor`` of the binomials overflows int64), and the right values beyond, where a
+  float32 ``C(n-1, k)`` or ``2^(n-1)`` overflows (129 gave all zeros, 200 NaN).
+  """
+  scale = 2 ** (size - 1)
+  coeffs = np.array([math.comb(size - 1, k) / scale for k in range(size)]).astype(np.float32)
+  return tuple(float(c) for c in coeffs)
 
 
 def blur_padding(filter_size: int, stride: int) -> int:
@@ -193,6 +213,11 @@ def _configure(filter_size, strides, pad_mode, num_spatial_dims, in_features):
         f"`filter_size` must be at least 2 in every dim (a filter of 1 tap does not blur; "
         f"timm asserts filt_size > 1); got {filter_size!r}. For a plain strided subsample "
         "use x[:, ::2, ::2] or MaxPool(1, 2).")
+  if all(is_int(k) for k in entries) and max(int(k) for k in entries) > MAX_FILTER_SIZE:
+    raise ValueError(
+        f"`filter_size` must be at most {MAX_FILTER_SIZE} in every dim (the kernel takes one "
+        f"slice per tap, so its program grows with the filter); got {filter_size!r}. (timm "
+        "1.0.31 builds at most 64: from 65 its binomials overflow int64.)")
   return (as_tuple(filter_size, ndim, "filter_size"), as_tuple(strides, ndim, "strides"),
           check_pad_mode(pad_mode), check_in_features(in_features))
 
@@ -205,6 +230,10 @@ def _blur(inputs, filter_size: tuple[int, ...], strides: tuple[int, ...], pad_mo
   spatial = tuple(x.shape[1:-1])
   pads = tuple((p, p) for p in map(blur_padding, filter_size, strides))
   check_torch_pads(spatial, pads, pad_mode, name)
+  check_padded_size(
+      x.shape, pads, name,
+      f"timm's padding grows with the stride, ((strides - 1) + (filter_size - 1)) // 2 a side, "
+      f"here {tuple(p for p, _ in pads)}: use smaller `strides`.")
   for axis, (length, k, (lo, hi)) in enumerate(zip(spatial, filter_size, pads, strict=True)):
     if length + lo + hi < k:
       raise ValueError(
@@ -234,7 +263,7 @@ def blur_pool(inputs: jax.Array, filter_size: SizeLike = 3, strides: SizeLike = 
 
   Args:
     inputs: ``(*batch, *spatial, C)`` floats.
-    filter_size: the binomial filter's length, at least 2, an int or a tuple per dim
+    filter_size: the binomial filter's length, 2 to 1024, an int or a tuple per dim
       (default 3).
     strides: the step between outputs, an int or a tuple per dim (default 2).
     pad_mode: ``"reflect"`` (default), ``"constant"`` (zeros), ``"replicate"`` or
@@ -271,7 +300,7 @@ class BlurPool(nnx.Module):
            [ 8.5, 10. ]], dtype=float32)
 
   Args:
-    filter_size: the binomial filter's length, at least 2, an int (repeated over
+    filter_size: the binomial filter's length, 2 to 1024, an int (repeated over
       ``num_spatial_dims``) or a tuple per dim (default 3).
     strides: the step between outputs, an int or a tuple per dim (default 2).
     pad_mode: ``"reflect"`` (default, timm's), ``"constant"`` (zeros, timm's

@@ -1,14 +1,11 @@
-"""timm's remaining gates: the light CBAM and GCNet's global context, channels-last.
+"""GCNet's global context block, timm's ``GlobalContext``, channels-last.
 
-* :class:`LightCBAM`: timm's ``LightCbamModule``, CBAM with one MLP on
-  ``0.5 * mean + 0.5 * max`` and a spatial gate from one map;
-* :class:`GlobalContext`: GCNet's global context block (Cao et al. 2019,
-  https://arxiv.org/abs/1904.11492) as timm's ``GlobalContext``.
-
-They follow the conventions of :mod:`nnx_pool._gates` (inputs, dtypes, the
-layer options ``dtype``, ``param_dtype``, ``precision``, ``kernel_init``,
-``bias_init`` and ``rngs``, and ``from_torch``); the sources are timm 1.0.31
-``timm/layers/cbam.py`` and ``timm/layers/global_context.py``.
+:class:`GlobalContext`: Cao et al. 2019, https://arxiv.org/abs/1904.11492, as timm 1.0.31
+``timm/layers/global_context.py`` computes it: attention pooling (or the mean) over
+space, then a gate from one ConvMlp and/or a bias from another. It follows the
+conventions of :mod:`nnx_pool._gates` (inputs, dtypes, the layer options ``dtype``,
+``param_dtype``, ``precision``, ``kernel_init``, ``bias_init`` and ``rngs``, and
+``from_torch``).
 """
 
 from __future__ import annotations
@@ -30,122 +27,12 @@ from nnx_pool._gates import (
   _check_initializer,
   _Gate,
   _layer_options,
-  _scaled,
   _squeeze_width,
-  avg_max_summary,
-  check_use_running_average,
 )
 from nnx_pool._jit import kernel
 from nnx_pool._layout import unbatch
 from nnx_pool._numerics import spatial_mean
 from nnx_pool._torch_state import TORCH_KEYS, load
-
-
-class LightCBAM(_Gate):
-  """Light CBAM: ``x * sigmoid(mlp(avgmax over space))``, then ``* sigmoid(norm(conv(avgmax)))``.
-
-  timm's ``LightCbamModule`` (timm 1.0.31 ``timm/layers/cbam.py``), an
-  experimental lighter :class:`~nnx_pool.CBAM` (Woo et al. 2018,
-  https://arxiv.org/abs/1807.06521). Each "avgmax" is ``0.5 * mean + 0.5 * max``:
-
-  1. channel attention (``LightChannelAttn``): one pass of the MLP
-     ``fc2(activation(fc1(.)))`` on the avgmax over space;
-  2. spatial attention (``LightSpatialAttn``): the avgmax over channels, one map,
-     through a ``spatial_kernel_size`` convolution from 1 map to 1 without bias,
-     zero padded to keep the size, and a one-channel BatchNorm, without an
-     activation (timm's ``ConvNormAct(1, 1, k, apply_act=False)``).
-
-  Both gates are sigmoids, whatever timm's ``gate_layer``: ``LightChannelAttn``
-  calls ``F.sigmoid`` and ``LightSpatialAttn`` is built without the argument, so
-  there is no ``gate`` to choose. The BatchNorm starts in training mode
-  (momentum 0.9 = PyTorch's 0.1, epsilon 1e-5), as every
-  :class:`flax.nnx.BatchNorm`: call ``.eval()`` for inference. Summaries as
-  :func:`nnx_pool._gates.avg_max_summary` computes them.
-
-  Example usage::
-
-    >>> import jax.numpy as jnp
-    >>> from flax import nnx
-    >>> from nnx_pool import LightCBAM
-    >>> cbam = LightCBAM(32, rngs=nnx.Rngs(0))
-    >>> cbam.fc1.kernel.shape, cbam.spatial_conv.kernel.shape, cbam(jnp.ones((2, 8, 8, 32))).shape
-    ((32, 2), (7, 7, 1, 1), (2, 8, 8, 32))
-
-  Args:
-    in_features: the channel count ``C``.
-    squeeze_features: the MLP's hidden width (default None: from ``rd_ratio``).
-    rd_ratio: the reduction ratio when ``squeeze_features`` is None (default 1/16).
-    rd_divisor: the hidden width is rounded to a multiple of this (default 1).
-    spatial_kernel_size: the odd size of the spatial convolution (default 7).
-    activation: the MLP's activation (default ``nnx.relu``).
-    use_bias: whether the MLP layers have a bias (default False, as timm's ``mlp_bias``).
-    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2);
-      the spatial convolution has that many dims.
-    dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options
-      of the MLP layers and the spatial convolution; ``bias_init`` is used when
-      ``use_bias``. The BatchNorm takes ``dtype`` and ``param_dtype`` and keeps
-      Flax's initial scale 1 and bias 0.
-  """
-
-  @flax_names
-  def __init__(
-      self, in_features: int, squeeze_features: int | None = None, *,
-      rd_ratio: float = 1 / 16, rd_divisor: int = 1, spatial_kernel_size: int = 7,
-      activation: Activation = nnx.relu, use_bias: bool = False,
-      num_spatial_dims: int = 2, dtype: Dtype | None = None, param_dtype: Dtype = jnp.float32,
-      precision: PrecisionLike = None,
-      kernel_init: Initializer = default_kernel_init,
-      bias_init: Initializer = default_bias_init, rngs: nnx.Rngs,
-  ):
-    self._init_width(in_features, squeeze_features, rd_ratio, rd_divisor)
-    k = check_positive_int(spatial_kernel_size, "spatial_kernel_size")
-    if k % 2 == 0:
-      raise ValueError(f"`spatial_kernel_size` must be odd (to keep the size); got {k}.")
-    self.spatial_kernel_size = k
-    layer = _layer_options(dtype, param_dtype, precision, kernel_init, rngs)
-    self._init_mlp(activation, nnx.sigmoid, use_bias, num_spatial_dims, layer, bias_init)
-    pad = ((k - 1) // 2, (k - 1) // 2)
-    self.spatial_conv = nnx.Conv(
-        1, 1, (k,) * self.num_spatial_dims, padding=(pad,) * self.num_spatial_dims,
-        use_bias=False, **layer,
-    )
-    self.spatial_norm = nnx.BatchNorm(
-        1, momentum=0.9, epsilon=1e-5, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-
-  def __call__(self, inputs: jax.Array, use_running_average: bool | None = None) -> jax.Array:
-    """Gates ``(N, *spatial, C)`` or ``(*spatial, C)``; the output has its shape and dtype.
-
-    Args:
-      inputs: the feature map.
-      use_running_average: normalise the spatial map with the BatchNorm's running
-        statistics (True) or the batch's, updating the running ones (False), for this
-        call only (default None: the module's mode, ``.eval()`` or ``.train()``), as
-        :class:`flax.nnx.BatchNorm` takes it.
-    """
-    use_running_average = check_use_running_average(use_running_average, type(self).__name__)
-    x, batch = self._prepare(inputs)
-    x = _scaled(x, self.gate(self.fc2(self.activation(self.fc1(avg_max_summary(x))))))
-    normed = self.spatial_norm(self.spatial_conv(avg_max_summary(x, (x.ndim - 1,))),
-                               use_running_average=use_running_average)
-    return unbatch(_scaled(x, self.gate(normed)), batch)
-
-  @classmethod
-  def from_torch(cls, state_dict: Mapping, **options):
-    """Builds the gate from timm ``LightCbamModule``'s state dict.
-
-    Keys: ``channel.fc1.weight``, ``channel.fc2.weight`` (with or without
-    ``channel.fc1.bias``/``channel.fc2.bias``), ``spatial.conv.conv.weight``
-    ``(1, 1, k, k)`` and ``spatial.conv.bn.{weight, bias, running_mean,
-    running_var}`` (``num_batches_tracked`` is accepted and ignored).
-    ``in_features``, ``squeeze_features``, ``use_bias``,
-    ``spatial_kernel_size`` and ``num_spatial_dims`` come from the weights. The
-    module is returned in training mode, as PyTorch's; call ``.eval()``.
-
-    Args:
-      state_dict: the PyTorch module's ``state_dict()``, keys without a prefix.
-      **options: other constructor arguments (``activation``, ``dtype``...).
-    """
-    return load(cls, TORCH_KEYS["LightCBAM"], state_dict, options)
 
 
 class _ConvMlp(nnx.Module):

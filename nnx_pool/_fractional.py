@@ -22,8 +22,11 @@ computes it (``aten/src/ATen/native/FractionalMaxPool2d.cpp`` and
 * ``samples`` is ``(N, C, num_spatial_dims)``, PyTorch's ``_random_samples``; which
   sample drives which dim is PyTorch's: in 2-D the first drives W and the second
   H, in 3-D they drive T, H and W in order (1-D, which PyTorch lacks: the one
-  sample). Samples are used as given (PyTorch draws them with ``torch.rand``, in
-  ``[0, 1)``, and checks only their shape and dtype).
+  sample). PyTorch draws them with ``torch.rand``, in ``[0, 1)``, and checks only
+  their shape and dtype; here concrete samples outside ``[0, 1)`` (or NaN) are a
+  ValueError. Under ``jax.jit`` the samples are tracers, whose values are not known
+  when the call is traced: they are not checked there and go into PyTorch's interval
+  rule as given, the window starts clamped to fit the input.
 * within a window, the first maximum in row-major order wins ties, NaN propagates
   and the last NaN wins; an all ``-inf`` window reports its first cell. Indices
   are flat per plane, ``h * W + w`` (``(t * H + h) * W + w`` in 3-D), int32.
@@ -47,7 +50,7 @@ import itertools
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Generic, Literal, cast, overload
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +70,7 @@ from nnx_pool._layout import (
   prepare,
   unbatch,
 )
-from nnx_pool._select import replaces
+from nnx_pool._select import Out, ValuesAndIndices, replaces
 
 # Which sample of a plane (PyTorch's ``_random_samples[n, c, :]``) drives each spatial dim.
 SAMPLE_OF_DIM = {1: (0,), 2: (1, 0), 3: (0, 1, 2)}
@@ -253,7 +256,22 @@ def _samples_from(samples, key, x_dtype, batch: tuple[int, ...], channels: int, 
     raise ValueError(
         f"{name}: `samples` must have shape {accepted} (the input's batch axes, its "
         f"{channels} channels, one sample per spatial dim); got {tuple(samples.shape)}.")
+  _check_sample_range(samples, name)
   return samples.reshape(n, channels, ndim).astype(x_dtype)
+
+
+def _check_sample_range(samples: jax.Array, name: str) -> None:
+  """Refuses concrete samples outside ``[0, 1)`` or NaN; traced ones (under jit) pass unseen."""
+  try:
+    values = np.asarray(samples, np.float64)
+  except jax.errors.TracerArrayConversionError:
+    return
+  outside = values[~((values >= 0) & (values < 1))]  # NaN compares false: outside too
+  if outside.size:
+    raise ValueError(
+        f"{name}: `samples` must lie in [0, 1), where PyTorch's torch.rand draws them; got "
+        f"{outside.size} outside it, the first {float(outside[0])!r}. Draw them with "
+        "jax.random.uniform, or pass rngs (key) instead.")
 
 
 def _key_from_rngs(rngs, name: str) -> jax.Array | None:
@@ -371,7 +389,7 @@ def fractional_max_pool(
                      _check_key(key, "fractional_max_pool"), "fractional_max_pool", "key")
 
 
-class FractionalMaxPool(nnx.Module):
+class FractionalMaxPool(nnx.Module, Generic[Out]):
   """Fractional max pooling (Graham, 2014), PyTorch's ``FractionalMaxPool2d/3d``, channels-last.
 
   Graham, "Fractional Max-Pooling", https://arxiv.org/abs/1412.6071. Each ``(n, c)``
@@ -407,13 +425,35 @@ class FractionalMaxPool(nnx.Module):
     output_ratio: the output's size as a fraction of the input's, ``int(length *
       ratio)``, a number or a tuple per dim, each strictly between 0 and 1.
     return_indices: also return the int32 flat per-plane index of each maximum
-      (default False).
+      (default False). Type checkers read it: built with a literal True the module is a
+      ``FractionalMaxPool[tuple[jax.Array, jax.Array]]``, else a
+      ``FractionalMaxPool[jax.Array]`` (what a bare ``FractionalMaxPool`` means).
     in_features: the channel count, checked against the last axis when given
       (default None).
     num_spatial_dims: the axes between batch and channels, 1, 2 or 3; keyword-only, 2
       unless a tuple argument sets it by its length.
   """
 
+  # A literal return_indices picks what a call returns (FractionalMaxPool[jax.Array] or
+  # FractionalMaxPool[tuple[jax.Array, jax.Array]]); a bool variable gives the union.
+  @overload
+  def __init__(self: FractionalMaxPool[jax.Array], window_shape: SizeLike,
+               output_size: SizeLike | None = None, *,
+               output_ratio: float | Sequence[float] | None = None,
+               return_indices: Literal[False] = False, in_features: int | None = None,
+               num_spatial_dims: int | None = None) -> None: ...
+  @overload
+  def __init__(self: FractionalMaxPool[ValuesAndIndices], window_shape: SizeLike,
+               output_size: SizeLike | None = None, *,
+               output_ratio: float | Sequence[float] | None = None,
+               return_indices: Literal[True], in_features: int | None = None,
+               num_spatial_dims: int | None = None) -> None: ...
+  @overload
+  def __init__(self: FractionalMaxPool[jax.Array | ValuesAndIndices], window_shape: SizeLike,
+               output_size: SizeLike | None = None, *,
+               output_ratio: float | Sequence[float] | None = None,
+               return_indices: bool, in_features: int | None = None,
+               num_spatial_dims: int | None = None) -> None: ...
   @flax_names
   def __init__(self, window_shape: SizeLike, output_size: SizeLike | None = None, *,
                output_ratio: float | Sequence[float] | None = None,
@@ -423,9 +463,9 @@ class FractionalMaxPool(nnx.Module):
      self.in_features) = _configure(window_shape, output_size, output_ratio, return_indices,
                                     num_spatial_dims, in_features)
 
+  @flax_names
   def __call__(self, inputs: jax.Array, *, samples: ArrayLike | None = None,
-               rngs: nnx.Rngs | nnx.RngStream | jax.Array | None = None
-               ) -> jax.Array | tuple[jax.Array, jax.Array]:
+               rngs: nnx.Rngs | nnx.RngStream | jax.Array | None = None) -> Out:
     """Pools ``(*batch, *spatial, C)`` to ``(*batch, *out, C)``.
 
     Args:
@@ -442,6 +482,6 @@ class FractionalMaxPool(nnx.Module):
     name = type(self).__name__
     if samples is not None and rngs is not None:
       raise TypeError(f"{name}: pass `samples` or `rngs`, not both.")
-    return _fractional(inputs, self.window_shape, self.output_size, self.output_ratio,
-                       self.return_indices, self.in_features, samples,
-                       _key_from_rngs(rngs, name), name, "rngs", self)
+    return cast(Out, _fractional(inputs, self.window_shape, self.output_size, self.output_ratio,
+                                 self.return_indices, self.in_features, samples,
+                                 _key_from_rngs(rngs, name), name, "rngs", self))

@@ -289,10 +289,8 @@ class LsePlusPool(_ParameterPool):
     r: the initial sharpness, a positive number (default 10.0).
     learnable: ``r`` is an ``nnx.Param`` of shape ``()`` (default True), else a
       fixed ``nnx.Variable``, as timm's ``r_learnable=False`` buffer.
-    flatten: return ``(*batch, C)`` (default True), else ``(*batch, 1, ..., 1, C)``.
-    num_spatial_dims: the axes between batch and channels, 1, 2 or 3 (default 2).
-    in_features: the channel count, checked against the last axis when given
-      (default None).
+    flatten, num_spatial_dims, in_features: as :class:`GeMPool` takes them (the
+      defaults too).
     param_dtype: the dtype of ``r`` (default float32).
   """
 

@@ -43,6 +43,10 @@ from nnx_pool._layout import rank_message
 MAX_SIZE = 2**63 - 1
 # The longest padded spatial dim: coordinates inside the kernels are int32.
 MAX_COORDINATE = 2**31 - 1
+# The most elements a padded input may have. XLA sizes an array in int64 bytes, and an element
+# takes up to 8 (float64 and int64 under jax_enable_x64); past that it aborts the interpreter
+# ("overflow in static extent product", exit 134) instead of raising.
+MAX_ELEMENTS = 2**60
 
 # The argument types of the public signatures. An int is a Python or NumPy integer (a bool is
 # refused at run time); a window, stride or dilation is one int for every spatial dim or one
@@ -135,6 +139,28 @@ def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...
   return values
 
 
+def _flat_pad_pairs(padding) -> Pairs | None:
+  """F.pad's flat ``(left, right, top, bottom[, front, back])`` as pairs, first dim first."""
+  if (isinstance(padding, Sequence) and not isinstance(padding, str)
+      and len(padding) in (4, 6) and all(is_int(p) for p in padding)):
+    pairs = [(int(padding[i]), int(padding[i + 1])) for i in range(0, len(padding), 2)]
+    return tuple(reversed(pairs))
+  return None
+
+
+def refuse_flat_padding(padding, forms: str, source: str = "") -> None:
+  """Refuses F.pad's flat 4- or 6-tuple ``padding`` (no module's form), with the pairs to write.
+
+  ``forms`` says what the module takes; ``source`` names where the flat form comes from.
+  """
+  pairs = _flat_pad_pairs(padding)
+  if pairs is not None:
+    raise ValueError(
+        f"`padding` {padding!r} reads as F.pad's flat (left, right, top, bottom[, front, "
+        f"back]) order{source}; here padding is {forms}, first dim first: write "
+        f"padding={pairs!r}.")
+
+
 @overload
 def parse_padding(padding: str, ndim: int) -> Literal["VALID", "SAME"]: ...
 @overload
@@ -174,6 +200,22 @@ def parse_padding(padding: object, ndim: int) -> PaddingSpec:
   return pairs
 
 
+def check_padded_size(shape: Sequence[int], pads: Sequence[tuple[int, int]], prefix: str,
+                      fix: str) -> None:
+  """Refuses ``pads`` that make a batched channels-last ``shape`` too large for XLA to size.
+
+  ``prefix`` starts the message (the layer), ``fix`` ends it (what to change).
+  """
+  padded = (shape[0], *(n + lo + hi for n, (lo, hi) in zip(shape[1:-1], pads, strict=True)),
+            shape[-1])
+  elements = math.prod(max(n, 1) for n in padded)  # an empty axis does not shrink XLA's product
+  if elements > MAX_ELEMENTS:
+    raise ValueError(
+        f"{prefix}: the input of shape {tuple(shape)} padded to {padded} would be an array of "
+        f"{elements} elements, more than the 2**60 that XLA can size (an int64 count of bytes, "
+        f"up to 8 an element); XLA would abort the interpreter. {fix}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
   """A validated window configuration: shape, strides, dilation, padding, ceil mode.
@@ -197,6 +239,7 @@ class Window:
 
     ``layer``, the module or function being built, prefixes the padding-limit error.
     """
+    refuse_flat_padding(padding, _PADDING_FORMS)
     ndim = spatial_dims(num_spatial_dims, window_shape=window_shape, strides=strides,
                         padding=padding, dilation=dilation)
     shape = as_tuple(window_shape, ndim, "window_shape")

@@ -32,7 +32,6 @@ and 3.5 s for XLA's ``lax.sort`` along a stacked window axis, and 7x7 in 0.14 s
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +39,7 @@ import numpy as np
 from flax import nnx
 
 from nnx_pool._adjoint import gather
-from nnx_pool._args import check_bool, flax_names, is_int
+from nnx_pool._args import check_bool, flax_names
 from nnx_pool._blur import check_torch_pads, torch_pad
 from nnx_pool._geometry import (
   Geometry,
@@ -48,6 +47,7 @@ from nnx_pool._geometry import (
   SizeLike,
   Window,
   parse_padding,
+  refuse_flat_padding,
   spatial_dims,
 )
 from nnx_pool._jit import kernel
@@ -121,28 +121,14 @@ def window_median(x: jax.Array, pads: Pads, geom: Geometry) -> jax.Array:
 # ----------------------------------------------------------------------------
 
 
-def _flat_pad_pairs(padding) -> tuple[tuple[int, int], ...] | None:
-  """F.pad's flat ``(left, right, top, bottom[, front, back])`` as pairs, first dim first."""
-  if (isinstance(padding, Sequence) and not isinstance(padding, str)
-      and len(padding) in (4, 6) and all(is_int(p) for p in padding)):
-    pairs = [(int(padding[i]), int(padding[i + 1])) for i in range(0, len(padding), 2)]
-    return tuple(reversed(pairs))
-  return None
-
-
 # The padding forms MedianPool takes: the window pools' without their "VALID"/"SAME" strings.
 _PADDING_FORMS = "an int, a tuple of ints (one per spatial dim) or of (low, high) pairs"
 
 
 def _configure(window_shape, strides, padding, same, num_spatial_dims, in_features):
   """The validated window (its padding "VALID"), padding pairs, ``same`` and ``in_features``."""
-  pairs = _flat_pad_pairs(padding)
-  if pairs is not None:
-    raise ValueError(
-        f"`padding` {padding!r} reads as F.pad's flat (left, right, top, bottom[, front, "
-        "back]) order, timm's MedianPool2d form; here padding is an int, one int per "
-        "spatial dim or one (low, high) pair per spatial dim, first dim first: write "
-        f"padding={pairs!r}.")
+  refuse_flat_padding(padding, "an int, one int per spatial dim or one (low, high) pair per "
+                      "spatial dim", ", timm's MedianPool2d form")
   if isinstance(padding, str):
     raise TypeError(
         f"`padding` must be {_PADDING_FORMS}; got {padding!r}. For TF-style 'SAME' padding "

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-from typing import Any, Literal, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
 import jax
 import jax.numpy as jnp
@@ -33,11 +34,18 @@ from jax import lax
 
 from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names
 from nnx_pool._backend import current_implementation
-from nnx_pool._geometry import MAX_SIZE, Geometry, PaddingLike, SizeLike, Window
+from nnx_pool._geometry import (
+  MAX_SIZE,
+  Geometry,
+  PaddingLike,
+  SizeLike,
+  Window,
+  check_padded_size,
+)
 from nnx_pool._jit import kernel
 from nnx_pool._layout import check_in_features, check_plane_indexable, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype, true_divide
-from nnx_pool._select import Kind, flat_indices, identity
+from nnx_pool._select import Kind, Out, ValuesAndIndices, flat_indices, identity
 from nnx_pool._separable import select, window_sum
 
 
@@ -116,11 +124,22 @@ _ADAPTIVE = {"avg": {"AvgPool": "AdaptiveAvgPool", "avg_pool": "adaptive_avg_poo
              "min": {}}
 
 
+def _resolve(window: Window, x: jax.Array, name: str, **ways) -> Geometry:
+  """``window`` over the batched ``x`` (:meth:`Window.resolve`, ``ways`` its ways out), refusing
+  a padded input too large for XLA to size."""
+  geom = window.resolve(x.shape[1:-1], name, **ways)
+  check_padded_size(
+      x.shape, geom.pads, window.describe(name),
+      "Pass less `padding` (at most half the dilated window is allowed, so a large `dilation` "
+      "or window admits a large one).")
+  return geom
+
+
 def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name,
          owner=None):
   x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
                      owner=owner)
-  geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE["avg"].get(name))
+  geom = _resolve(window, x, name, adaptive=_ADAPTIVE["avg"].get(name))
   y = window_average(x, geom, count_include_pad, divisor_override, current_implementation())
   return unbatch(y, batch)
 
@@ -132,14 +151,14 @@ def _select(inputs, window: Window, kind: Kind, return_indices: bool, in_feature
   if return_indices:
     check_plane_indexable(
         x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
-  geom = window.resolve(x.shape[1:-1], name, adaptive=_ADAPTIVE[kind].get(name))
+  geom = _resolve(window, x, name, adaptive=_ADAPTIVE[kind].get(name))
   return unbatch(window_extremum(x, geom, kind, return_indices, current_implementation()), batch)
 
 
 def _lp(inputs, window: Window, norm_type: float, in_features, name, owner=None):
   x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
                      owner=owner)
-  geom = window.resolve(x.shape[1:-1], name, takes_padding=False)
+  geom = _resolve(window, x, name, takes_padding=False)
   y = window_lp_norm(x, geom, norm_type, window.size, current_implementation())
   return unbatch(y, batch)
 
@@ -209,37 +228,46 @@ def _select_pool(kind: Kind, inputs, window_shape, strides, padding, num_spatial
                  check_in_features(in_features), f"{kind}_pool")
 
 
-# With return_indices=True the result is (values, indices): a literal True or False picks the
-# return type for type checkers, a bool variable gives their union.
-@overload
-def max_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[False] = False,
-    in_features: int | None = None,
-) -> jax.Array: ...
-@overload
-def max_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[True],
-    in_features: int | None = None,
-) -> tuple[jax.Array, jax.Array]: ...
-@overload
-def max_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool,
-    in_features: int | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]: ...
-@flax_names
-def max_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
-    in_features: int | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+class _SelectFunction(Protocol):
+  """:func:`max_pool`'s and :func:`min_pool`'s signature, written once: the result type
+  follows a literal ``return_indices`` (True: ``(values, indices)``); a bool variable gives
+  the union."""
+
+  @overload
+  def __call__(
+      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = ...,
+      padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+      dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[False] = False,
+      in_features: int | None = None) -> jax.Array: ...
+  @overload
+  def __call__(
+      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = ...,
+      padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+      dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[True],
+      in_features: int | None = None) -> ValuesAndIndices: ...
+  @overload
+  def __call__(
+      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = ...,
+      padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+      dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool,
+      in_features: int | None = None) -> jax.Array | ValuesAndIndices: ...
+
+
+def _select_function(fn: Callable[..., Any]) -> _SelectFunction:
+  """``fn`` with :func:`~nnx_pool._args.flax_names`, typed with :class:`_SelectFunction`'s
+  overloads."""
+  return flax_names(fn)
+
+
+@_select_function
+def max_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+             padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+             dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
+             in_features: int | None = None) -> jax.Array | ValuesAndIndices:
   """The function form of :class:`MaxPool`: the same arguments and checks; ``strides`` required.
+
+  With ``return_indices=True`` the result is ``(values, indices)``; type checkers read the
+  result's type from a literal True or False.
 
   Example usage::
 
@@ -256,36 +284,22 @@ def max_pool(
                       ceil_mode, return_indices, in_features)
 
 
-# As for max_pool, the return type follows return_indices.
-@overload
-def min_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[False] = False,
-    in_features: int | None = None,
-) -> jax.Array: ...
-@overload
-def min_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[True],
-    in_features: int | None = None,
-) -> tuple[jax.Array, jax.Array]: ...
-@overload
-def min_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool,
-    in_features: int | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]: ...
-@flax_names
-def min_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
-    padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-    dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
-    in_features: int | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
-  """The function form of :class:`MinPool`: the same arguments and checks; ``strides`` required."""
+@_select_function
+def min_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+             padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
+             dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
+             in_features: int | None = None) -> jax.Array | ValuesAndIndices:
+  """Min pooling, :class:`MinPool`'s function: :func:`max_pool` with ``<`` for ``>``.
+
+  Example usage::
+
+    >>> import jax.numpy as jnp
+    >>> from nnx_pool import functional as F
+    >>> F.min_pool(jnp.array([[3.], [1.], [4.], [1.], [5.], [9.]]), 2, 2, num_spatial_dims=1)
+    Array([[1.],
+           [1.],
+           [5.]], dtype=float32)
+  """
   return _select_pool("min", inputs, window_shape, strides, padding, num_spatial_dims, dilation,
                       ceil_mode, return_indices, in_features)
 
@@ -334,7 +348,9 @@ _ARGS = {
     "divisor_override": "a positive int to divide every window by (default None).",
     "return_indices": (
         "also return the int32 flat per-plane index of each selected element (default "
-        "False)."),
+        "False). Type checkers read it: the module is generic in what a call returns, "
+        "``tuple[jax.Array, jax.Array]`` when built with a literal True, else ``jax.Array`` "
+        "(what a bare ``MaxPool`` or ``MinPool`` annotation means)."),
     "in_features": (
         "the channel count, checked against the last axis when given (default None: not "
         "checked)."),
@@ -400,11 +416,54 @@ class AvgPool(nnx.Module):
                 self.in_features, type(self).__name__, self)
 
 
-class _SelectPool(nnx.Module):
-  """Max or min pooling: the extremum of each window, optionally with its index."""
+class _SelectOptions(TypedDict, total=False):
+  """:class:`MaxPool`'s and :class:`MinPool`'s keyword-only options other than
+  ``return_indices``, for their constructors' overloads."""
+
+  num_spatial_dims: int | None
+  dilation: SizeLike
+  ceil_mode: bool
+  in_features: int | None
+
+
+class _SelectPool(nnx.Module, Generic[Out]):
+  """Max or min pooling: the extremum of each window, optionally with its index.
+
+  Generic in what a call returns (:data:`~nnx_pool._select.Out`): ``MaxPool(2)`` is a
+  ``MaxPool[jax.Array]``, ``MaxPool(2, return_indices=True)`` a
+  ``MaxPool[tuple[jax.Array, jax.Array]]``, and a bare ``MaxPool`` annotation means the
+  first.
+  """
 
   _kind: Kind
 
+  # A literal return_indices picks the type; a bool variable gives the union. Each overload
+  # names the class it builds (a type checker specialises a constructor's class only from a
+  # `self` of that very class), so both classes' are here, written once, in turn.
+  @overload
+  def __init__(self: MaxPool[jax.Array], window_shape: SizeLike, strides: SizeLike | None = None,
+               padding: PaddingLike = "VALID", *, return_indices: Literal[False] = False,
+               **options: Unpack[_SelectOptions]) -> None: ...
+  @overload
+  def __init__(self: MinPool[jax.Array], window_shape: SizeLike, strides: SizeLike | None = None,
+               padding: PaddingLike = "VALID", *, return_indices: Literal[False] = False,
+               **options: Unpack[_SelectOptions]) -> None: ...
+  @overload
+  def __init__(self: MaxPool[ValuesAndIndices], window_shape: SizeLike,
+               strides: SizeLike | None = None, padding: PaddingLike = "VALID", *,
+               return_indices: Literal[True], **options: Unpack[_SelectOptions]) -> None: ...
+  @overload
+  def __init__(self: MinPool[ValuesAndIndices], window_shape: SizeLike,
+               strides: SizeLike | None = None, padding: PaddingLike = "VALID", *,
+               return_indices: Literal[True], **options: Unpack[_SelectOptions]) -> None: ...
+  @overload
+  def __init__(self: MaxPool[jax.Array | ValuesAndIndices], window_shape: SizeLike,
+               strides: SizeLike | None = None, padding: PaddingLike = "VALID", *,
+               return_indices: bool, **options: Unpack[_SelectOptions]) -> None: ...
+  @overload
+  def __init__(self: MinPool[jax.Array | ValuesAndIndices], window_shape: SizeLike,
+               strides: SizeLike | None = None, padding: PaddingLike = "VALID", *,
+               return_indices: bool, **options: Unpack[_SelectOptions]) -> None: ...
   @flax_names
   def __init__(
       self, window_shape: SizeLike, strides: SizeLike | None = None,
@@ -418,7 +477,7 @@ class _SelectPool(nnx.Module):
     self.return_indices = check_bool(return_indices, "return_indices")
     self.in_features = check_in_features(in_features)
 
-  def __call__(self, inputs: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
+  def __call__(self, inputs: jax.Array) -> Out:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)``.
 
     Returns:
@@ -426,12 +485,12 @@ class _SelectPool(nnx.Module):
       ``return_indices=True``, also the int32 flat per-plane index of each
       selected element (PyTorch's convention, ``h * W + w`` in 2-D) in the same shape.
     """
-    return _select(inputs, self.window, self._kind, self.return_indices, self.in_features,
-                   type(self).__name__, self)
+    return cast(Out, _select(inputs, self.window, self._kind, self.return_indices,
+                             self.in_features, type(self).__name__, self))
 
 
 @_document
-class MaxPool(_SelectPool):
+class MaxPool(_SelectPool[Out]):
   """Max pooling with PyTorch's semantics and an exact gradient, channels-last.
 
   Padding holds -inf (an integer dtype's minimum) and never wins. On ties the
@@ -460,7 +519,7 @@ class MaxPool(_SelectPool):
 
 
 @_document
-class MinPool(_SelectPool):
+class MinPool(_SelectPool[Out]):
   """Min pooling: :class:`MaxPool` with ``<`` in place of ``>``.
 
   Padding holds +inf (an integer dtype's maximum); the first minimum wins on

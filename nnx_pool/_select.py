@@ -21,7 +21,7 @@ Where the winner lies is PyTorch's flat per-plane index, ``h * W + w`` in 2-D:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,21 @@ from nnx_pool._jit import scoped
 from nnx_pool._taps import along, bin_slots, box_input, box_mask, boxes, taps
 
 Kind = Literal["max", "min"]
+
+# What a max or min module returns: the values, or with return_indices=True the pair
+# (values, indices). The modules are generic in it (MaxPool[jax.Array] or
+# MaxPool[ValuesAndIndices]), their __init__ overloads pick it from a literal return_indices,
+# and a bare MaxPool means MaxPool[jax.Array]: PEP 696's default, which typing.TypeVar takes
+# from Python 3.13 only, so type checkers read typing_extensions' (a dependency of flax).
+ValuesAndIndices = tuple[jax.Array, jax.Array]
+if TYPE_CHECKING:
+  from typing_extensions import TypeVar
+
+  Out = TypeVar("Out", default=jax.Array)
+else:
+  from typing import TypeVar
+
+  Out = TypeVar("Out")
 
 
 def identity(dtype, kind: Kind):

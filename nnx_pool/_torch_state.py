@@ -90,7 +90,12 @@ class Conversion:
     return self.convert(value)
 
 
-AS_IS = Conversion(lambda value: value)
+def as_is(*requires: Requirement) -> Conversion:
+  """The value unchanged, once ``requires`` hold (e.g. :func:`shape_is`)."""
+  return Conversion(lambda value: value, requires)
+
+
+AS_IS = as_is()
 
 
 def _linear_shape(shape: tuple[int, ...]) -> str | None:
@@ -104,6 +109,20 @@ def _conv_shape(shape: tuple[int, ...]) -> str | None:
   if len(shape) < 3:
     return f"must be a convolution weight (out, in, *kernel); got shape {shape}."
   return None
+
+
+def rank_is(ndim: int, form: str) -> Requirement:
+  """A requirement of ``ndim`` axes; ``form`` shows them (``"(1 + H*W, C)"``)."""
+  def requirement(got: tuple[int, ...]) -> str | None:
+    return f"must be {form}; got shape {got}." if len(got) != ndim else None
+  return requirement
+
+
+def shape_is(shape: tuple[int, ...]) -> Requirement:
+  """A requirement of exactly ``shape``, checked before the value is read."""
+  def requirement(got: tuple[int, ...]) -> str | None:
+    return f"has shape {got}; expected {shape}." if got != shape else None
+  return requirement
 
 
 def linear_weight(*also: Requirement) -> Conversion:
@@ -225,6 +244,10 @@ def _context_sizes(p: Mapping[str, np.ndarray]) -> dict:
 # Issue 25, the attention pooling heads (nnx_pool._attention): AttentionPool, AttentionPoolLatent.
 
 
+# The position embedding, whose width and length the loader reads.
+_POS = as_is(rank_is(2, "(1 + H*W, C)"))
+
+
 def _stacked(parts: int, what: str) -> Requirement:
   """A fused projection's weight ``(parts * E, C)``: ``what`` stacked along its rows."""
   def requirement(shape: tuple[int, ...]) -> str | None:
@@ -243,7 +266,7 @@ def _attention_pool_rows(separate: bool, bias: bool, proj: bool, cls: bool) -> t
     qkv = (Row("qkv.weight", ("q.kernel", "k.kernel", "v.kernel"),
                linear_weight(_stacked(3, "q, k and v (E rows each)"))),
            *((Row("qkv.bias", ("q.bias", "k.bias", "v.bias")),) if bias else ()))
-  return (*qkv, *(linear("proj", "proj") if proj else ()), Row("pos_embed", "pos_embed"),
+  return (*qkv, *(linear("proj", "proj") if proj else ()), Row("pos_embed", "pos_embed", _POS),
           *((Row("cls_token", "cls_token"),) if cls else ()))
 
 
@@ -270,13 +293,15 @@ def mlp_ratio_for(out_features: int, hidden: int) -> float:
   return ratio
 
 
-def _latent_rows(bias: bool, qk_norm: bool) -> tuple[Row, ...]:
-  """timm AttentionPoolLatent with a ViT's LayerNorm: latent, q, fused kv, norms, proj, mlp."""
-  return (Row("latent", "latent"), *linear("q", "q", bias=bias),
+def _latent_rows(bias: bool, qk_norm: bool, norm: bool) -> tuple[Row, ...]:
+  """timm AttentionPoolLatent: latent, q, fused kv, q/k norms, proj, the norm (a ViT's
+  LayerNorm; none with timm's default norm_layer=None), mlp."""
+  latent = as_is(rank_is(3, "(1, latent_len, E)"))
+  return (Row("latent", "latent", latent), *linear("q", "q", bias=bias),
           *linear("kv", "kv", bias=bias,
                   weight=linear_weight(_stacked(2, "k and v (E rows each)"))),
           *((*layer_norm("q_norm", "q_norm"), *layer_norm("k_norm", "k_norm")) if qk_norm else ()),
-          *linear("proj", "proj"), *layer_norm("norm", "norm"),
+          *linear("proj", "proj"), *(layer_norm("norm", "norm") if norm else ()),
           *linear("mlp.fc1", "mlp.fc1"), *linear("mlp.fc2", "mlp.fc2"))
 
 
@@ -285,7 +310,7 @@ def _latent_sizes(p: Mapping[str, np.ndarray]) -> dict:
   return dict(in_features=p["kv.kernel"].shape[0], embed_dim=p["q.kernel"].shape[1],
               out_features=out_features,
               mlp_ratio=mlp_ratio_for(out_features, p["mlp.fc1.kernel"].shape[1]),
-              qkv_bias="q.bias" in p, qk_norm="q_norm.scale" in p,
+              qkv_bias="q.bias" in p, qk_norm="q_norm.scale" in p, norm="norm.scale" in p,
               latent_len=p["latent"].shape[1])
 
 
@@ -323,11 +348,21 @@ TORCH_KEYS: dict[str, Loader] = {
                              num_spatial_dims=p["spatial_conv.kernel"].ndim - 2),
     ),
     # Issue 25, the generalized pools (nnx_pool._generalized) and timm's remaining gates
-    # (nnx_pool._context_gates); SqueezeExcitation's bn key sets are in its entry above.
-    # GeM as cnnimageretrieval-pytorch defines it: p = Parameter(torch.ones(1) * p).
-    "GeMPool": Loader(inferred=(), key_sets=((Row("p", "p"),),), sizes=lambda p: {}),
+    # (nnx_pool._cbam, nnx_pool._context_gates); SqueezeExcitation's bn key sets are in its
+    # entry above.
+    # GeM as cnnimageretrieval-pytorch defines it: p = Parameter(torch.ones(1) * p). The
+    # constructor reads p (and r below), so that its check holds for loaded weights too.
+    "GeMPool": Loader(
+        inferred=("p",),
+        key_sets=((Row("p", "p", as_is(shape_is((1,)))),),),
+        sizes=lambda p: dict(p=float(p["p"][0])),
+    ),
     # timm LsePlus2d: r, a scalar Parameter or (r_learnable=False) buffer.
-    "LsePlusPool": Loader(inferred=(), key_sets=((Row("r", "r"),),), sizes=lambda p: {}),
+    "LsePlusPool": Loader(
+        inferred=("r",),
+        key_sets=((Row("r", "r", as_is(shape_is(()))),),),
+        sizes=lambda p: dict(r=float(p["r"])),
+    ),
     # timm LightCbamModule: LightChannelAttn (mlp_bias False or True) and LightSpatialAttn's
     # ConvNormAct(1, 1, k).
     "LightCBAM": Loader(
@@ -360,15 +395,16 @@ TORCH_KEYS: dict[str, Loader] = {
                     for separate in (False, True) for bias in (True, False)
                     for proj in (True, False) for cls in (False, True)),
                   (*linear("q_proj", "q"), *linear("k_proj", "k"), *linear("v_proj", "v"),
-                   *linear("c_proj", "proj"), Row("positional_embedding", "pos_embed"))),
+                   *linear("c_proj", "proj"), Row("positional_embedding", "pos_embed", _POS))),
         sizes=_attention_pool_sizes,
     ),
-    # timm AttentionPoolLatent as a ViT builds it (global_pool='map', norm_layer=LayerNorm),
-    # with or without q/kv biases and q_norm/k_norm.
+    # timm AttentionPoolLatent as a ViT builds it (global_pool='map', norm_layer=LayerNorm)
+    # or with timm's default norm_layer=None (no norm), with or without q/kv biases and
+    # q_norm/k_norm.
     "AttentionPoolLatent": Loader(
         inferred=("in_features", "embed_dim", "out_features", "mlp_ratio", "qkv_bias",
-                  "qk_norm", "latent_len"),
-        key_sets=tuple(_latent_rows(bias, qk_norm)
+                  "qk_norm", "norm", "latent_len"),
+        key_sets=tuple(_latent_rows(bias, qk_norm, norm) for norm in (True, False)
                        for bias in (True, False) for qk_norm in (False, True)),
         sizes=_latent_sizes,
     ),
@@ -413,19 +449,50 @@ def load(cls: type, loader: Loader, state_dict: Mapping, options: Mapping) -> nn
   def build():
     return cls(**sizes, **options, **({"rngs": nnx.Rngs(0)} if takes_rngs else {}))
 
-  instance = nnx.eval_shape(build)
+  try:  # the constructor's checks, on the sizes and values read from the weights too
+    instance = nnx.eval_shape(build)
+  except (TypeError, ValueError) as error:
+    message = str(error).removeprefix(f"{module}: ")
+    raise type(error)(f"{module}.from_torch: {message}") from None
   for path, (value, name) in values.items():
     _assign(_variable(instance, path), value, name, module)
   return _check_loaded(instance)
 
 
-def _to_numpy(value) -> np.ndarray:
-  """A torch tensor (without importing torch) or array-like as a NumPy array."""
-  if hasattr(value, "detach"):
+# The torch dtypes NumPy holds as they are; the other floating ones (bfloat16, the float8s)
+# are widened to float32, which holds each of their values exactly.
+_NUMPY_FLOATS = ("torch.float16", "torch.float32", "torch.float64")
+
+
+def _weight(value, key: str, module: str) -> np.ndarray:
+  """A state-dict value (a torch tensor, read without importing torch, or an array-like) as a
+  real floating NumPy array with finite values; anything else is refused, naming ``key``."""
+  where = f"{module}.from_torch: `{key}`"
+  if hasattr(value, "detach"):  # a torch tensor
+    if getattr(value, "is_meta", False):
+      raise ValueError(
+          f"{where} is a meta tensor, which holds no data (a model built on the meta device, "
+          "e.g. under init_empty_weights); load its weights first, e.g. "
+          "model.load_state_dict(weights, assign=True).")
+    if not str(value.dtype).startswith(("torch.float", "torch.bfloat")):  # torch.half too
+      raise TypeError(f"{where} must hold floating weights; got dtype {value.dtype}.")
     value = value.detach().cpu()
-    if hasattr(value, "float") and str(getattr(value, "dtype", "")) == "torch.bfloat16":
-      value = value.float()
-  return np.asarray(value)
+    if str(value.dtype) not in _NUMPY_FLOATS:
+      try:
+        value = value.float()
+      except (RuntimeError, NotImplementedError, TypeError):
+        raise TypeError(
+            f"{where} has dtype {value.dtype}, which PyTorch cannot widen to float32 (a packed "
+            "format); unpack it to a float dtype first.") from None
+  array = np.asarray(value)
+  if not jnp.issubdtype(array.dtype, jnp.floating):
+    raise TypeError(f"{where} must hold floating weights; got dtype {array.dtype}.")
+  finite = np.isfinite(array)
+  if not finite.all():
+    raise ValueError(
+        f"{where} holds {array.size - int(finite.sum())} non-finite values (NaN or inf) of "
+        f"{array.size}; a module built from it would compute NaN.")
+  return array
 
 
 def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -> None:
@@ -439,9 +506,11 @@ def _refuse_inferred(options: Mapping, inferred: tuple[str, ...], module: str) -
 
 def _read_state(state_dict: Mapping, key_sets: tuple[tuple[Row, ...], ...],
                 module: str) -> tuple[dict[str, np.ndarray], tuple[Row, ...]]:
-  """The state as NumPy arrays and the key set its keys are, or one error listing them all.
+  """The weights as NumPy arrays (:func:`_weight`) and the key set its keys are, or one error
+  listing them all.
 
-  A key set's keys are its rows' keys; those of rows without a target are optional.
+  A key set's keys are its rows' keys; those of rows without a target are optional, and
+  ignored (BatchNorm's int64 ``num_batches_tracked``).
   """
   if not isinstance(state_dict, Mapping):
     raise TypeError(f"{module}.from_torch: `state_dict` must be a mapping; got {type(state_dict)}.")
@@ -453,8 +522,8 @@ def _read_state(state_dict: Mapping, key_sets: tuple[tuple[Row, ...], ...],
 
   for rows in key_sets:
     required, optional = split(rows)
-    if required <= keys <= required | optional:
-      return {k: _to_numpy(v) for k, v in state_dict.items()}, rows
+    if required <= keys <= required | optional:  # the optional keys are ignored: not read
+      return {k: _weight(state_dict[k], k, module) for k in sorted(required)}, rows
 
   def describe(required, optional):
     text = ", ".join(sorted(required))

@@ -120,7 +120,9 @@ def open_clip_attention_pool2d(torch, sd, x, *, num_heads):
 
 def timm_attention_pool_latent(torch, sd, x, *, num_heads, pool_type):
   """timm 1.0.31 timm/layers/attention_pool.py AttentionPoolLatent.forward (eval, fused_attn), as
-  vision_transformer.py builds it: norm_layer timm LayerNorm (eps 1e-6), act_layer nn.GELU."""
+  vision_transformer.py builds it: norm_layer timm LayerNorm (eps 1e-6), act_layer nn.GELU.
+  Without norm.* keys, timm's default norm_layer=None: self.norm is nn.Identity and the q/k
+  norms are nn.LayerNorm (``qk_norm_layer = norm_layer or nn.LayerNorm``, eps 1e-5)."""
   functional = torch.nn.functional
   batch, n, c = x.shape
   latent_len, embed_dim = sd["latent"].shape[1:]
@@ -129,13 +131,15 @@ def timm_attention_pool_latent(torch, sd, x, *, num_heads, pool_type):
   q = q.reshape(batch, latent_len, num_heads, head_dim).transpose(1, 2)
   kv = functional.linear(x, sd["kv.weight"], sd.get("kv.bias"))
   k, v = kv.reshape(batch, n, 2, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+  eps = 1e-6 if "norm.weight" in sd else 1e-5
   if "q_norm.weight" in sd:
-    q = functional.layer_norm(q, (head_dim,), sd["q_norm.weight"], sd["q_norm.bias"], 1e-6)
-    k = functional.layer_norm(k, (head_dim,), sd["k_norm.weight"], sd["k_norm.bias"], 1e-6)
+    q = functional.layer_norm(q, (head_dim,), sd["q_norm.weight"], sd["q_norm.bias"], eps)
+    k = functional.layer_norm(k, (head_dim,), sd["k_norm.weight"], sd["k_norm.bias"], eps)
   x = functional.scaled_dot_product_attention(q, k, v)
   x = x.transpose(1, 2).reshape(batch, latent_len, c)
   x = functional.linear(x, sd["proj.weight"], sd["proj.bias"])
-  normed = functional.layer_norm(x, (x.shape[-1],), sd["norm.weight"], sd["norm.bias"], 1e-6)
+  normed = (functional.layer_norm(x, (x.shape[-1],), sd["norm.weight"], sd["norm.bias"], 1e-6)
+            if "norm.weight" in sd else x)
   hidden = functional.gelu(functional.linear(normed, sd["mlp.fc1.weight"], sd["mlp.fc1.bias"]))
   x = x + functional.linear(hidden, sd["mlp.fc2.weight"], sd["mlp.fc2.bias"])
   if pool_type == "token":
@@ -187,19 +191,22 @@ def np_attention_pool(sd, x, *, num_heads, pool_type):
 
 
 def np_attention_pool_latent(sd, x, *, num_heads, pool_type):
-  """timm's AttentionPoolLatent (a ViT's) in float64."""
+  """timm's AttentionPoolLatent (a ViT's, or without norm.* timm's default) in float64."""
   x = x.astype(np.float64)
   n, length, _ = x.shape
   q = np_linear(sd["latent"][0].astype(np.float64), sd, "q")
   q = q.reshape(q.shape[0], num_heads, -1)
   k, v = np.split(np_linear(x, sd, "kv"), 2, axis=-1)
   k, v = k.reshape(n, length, num_heads, -1), v.reshape(n, length, num_heads, -1)
+  eps = 1e-6 if "norm.weight" in sd else 1e-5
   if "q_norm.weight" in sd:
-    q = np_layer_norm(q, sd["q_norm.weight"], sd["q_norm.bias"])
-    k = np_layer_norm(k, sd["k_norm.weight"], sd["k_norm.bias"])
+    q = np_layer_norm(q, sd["q_norm.weight"], sd["q_norm.bias"], eps)
+    k = np_layer_norm(k, sd["k_norm.weight"], sd["k_norm.bias"], eps)
   out = np_attend(np.broadcast_to(q, (n, *q.shape)), k, v)
   out = np_linear(out.reshape(n, q.shape[0], -1), sd, "proj")
-  hidden = np_linear(np_layer_norm(out, sd["norm.weight"], sd["norm.bias"]), sd, "mlp.fc1")
+  normed = (np_layer_norm(out, sd["norm.weight"], sd["norm.bias"]) if "norm.weight" in sd
+            else out)
+  hidden = np_linear(normed, sd, "mlp.fc1")
   hidden = 0.5 * hidden * (1 + np.vectorize(math.erf)(hidden / math.sqrt(2)))  # exact GELU
   out = out + np_linear(hidden, sd, "mlp.fc2")
   return {"token": out[:, 0], "avg": out.mean(1), "": out}[pool_type]
@@ -243,14 +250,16 @@ _POOL_CASES = {
 }
 
 
-def _latent_state(seed, *, bias=True, qk_norm=False, latent_len=1, out=_C, hidden=4 * _C):
+def _latent_state(seed, *, bias=True, qk_norm=False, latent_len=1, out=_C, hidden=4 * _C,
+                  norm=True):
   shapes = {"latent": (1, latent_len, _C), **linear_keys("q", _C, _C, bias),
             **linear_keys("kv", 2 * _C, _C, bias)}
   if qk_norm:
     shapes |= {"q_norm.weight": (4,), "q_norm.bias": (4,), "k_norm.weight": (4,),
                "k_norm.bias": (4,)}
-  shapes |= {**linear_keys("proj", out, _C), "norm.weight": (out,), "norm.bias": (out,),
-             **linear_keys("mlp.fc1", hidden, out), **linear_keys("mlp.fc2", out, hidden)}
+  shapes |= {**linear_keys("proj", out, _C), **linear_keys("mlp.fc1", hidden, out),
+             **linear_keys("mlp.fc2", out, hidden)}
+  shapes |= {"norm.weight": (out,), "norm.bias": (out,)} if norm else {}
   return distinct(shapes, seed)
 
 
@@ -259,6 +268,9 @@ _LATENT_CASES = {
     "qk_norm, no biases, 3 latents, out 6, mlp_ratio 15/6, avg": (
         _latent_state(6, bias=False, qk_norm=True, latent_len=3, out=6, hidden=15),
         dict(pool_type="avg"), (2, 5, _C)),
+    # Issue 30: timm's own default, norm_layer=None (no norm.*), was refused.
+    "timm's default (no norm), qk_norm (eps 1e-5), token": (
+        _latent_state(7, qk_norm=True, norm=False), dict(pool_type="token"), (2, 5, _C)),
 }
 
 # PyTorch key -> NNX path: open_clip's layer names are ours renamed.
@@ -717,9 +729,18 @@ def test_from_torch_refuses():
     AttentionPool.from_torch({"head." + k: v for k, v in sd.items()}, num_heads=2)
   latent = _latent_state(5)
   with pytest.raises(ValueError, match=re.escape(
-      "AttentionPoolLatent: `num_heads` must divide embed_dim=8 (each head takes embed_dim // "
-      "num_heads channels); got num_heads=3. Pick a divisor of 8.")):
+      "AttentionPoolLatent.from_torch: `num_heads` must divide embed_dim=8 (each head takes "
+      "embed_dim // num_heads channels); got num_heads=3. Pick a divisor of 8.")):
     AttentionPoolLatent.from_torch(latent, num_heads=3)
+  # Issue 30: a 1-D latent, or a 1-D embedding with feat_size given, raised IndexError.
+  with pytest.raises(ValueError, match=re.escape(
+      "AttentionPoolLatent.from_torch: `latent` must be (1, latent_len, E); got shape (8,).")):
+    AttentionPoolLatent.from_torch(dict(latent, latent=latent["latent"].reshape(-1)),
+                                   num_heads=2)
+  with pytest.raises(ValueError, match=re.escape(
+      "AttentionPool.from_torch: `pos_embed` must be (1 + H*W, C); got shape (80,).")):
+    AttentionPool.from_torch(dict(sd, pos_embed=sd["pos_embed"].reshape(-1)), num_heads=2,
+                             feat_size=(3, 3))
   with pytest.raises(ValueError, match=re.escape(
       "AttentionPoolLatent.from_torch: `kv.weight` must stack k and v (E rows each) along its "
       "first axis, so a multiple of 2 rows; got shape (15, 8).")):
@@ -750,3 +771,11 @@ def test_from_torch_reads_the_sizes():
   assert (head.in_features, head.embed_dim, head.out_features, head.latent_len,
           head.mlp.fc1.kernel.shape, head.q.bias) == (8, 8, 6, 3, (6, 15), None)
   assert head.q_norm.scale.shape == (4,)
+  assert (head.norm.epsilon, head.q_norm.epsilon) == (1e-6, 1e-6)  # a ViT's LayerNorm
+  # timm 1.0.31's default AttentionPoolLatent(8, num_heads=2): keys kv, latent, mlp, proj, q.
+  default = _latent_state(7, norm=False)
+  assert sorted({key.split(".")[0] for key in default}) == ["kv", "latent", "mlp", "proj", "q"]
+  head = AttentionPoolLatent.from_torch(default, num_heads=2)
+  assert (head.norm, head.q_norm, head.mlp.fc1.kernel.shape) == (None, None, (8, 32))
+  head = AttentionPoolLatent.from_torch(_latent_state(7, qk_norm=True, norm=False), num_heads=2)
+  assert head.q_norm.epsilon == head.k_norm.epsilon == 1e-5  # nn.LayerNorm's default

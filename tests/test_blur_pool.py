@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from nnx_pool import ChannelsFirstWarning, reference
-from nnx_pool._blur import BlurPool, blur_pool
+from nnx_pool._blur import BlurPool, binomial_filter, blur_pool
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 
@@ -74,6 +74,34 @@ def test_blur_of_an_impulse_is_the_binomial_filter():
       [4, 16, 24, 16, 4],
       [1, 4, 6, 4, 1]])
   assert reference.binomial_filter(5).tolist() == [1 / 16, 4 / 16, 6 / 16, 4 / 16, 1 / 16]
+
+
+def test_long_filters_are_the_exact_binomials_rounded_to_float32():
+  # Issue 30: float32 binomials overflowed, 129 taps gave all zeros and 200 NaN. An impulse
+  # of 1 in the middle of k cells, at stride 1 with zero padding ((k - 1) // 2 a side),
+  # blurs to the filter: output q is c[k - 1 - q] = c[q] (k - 1 outputs for an even k).
+  # Expected: the closed form C(k-1, j) / 2^(k-1), exact in Python integers, rounded to
+  # float64 and then float32 (hand computation, no float32 arithmetic on the way).
+  for k in (129, 200):
+    x = np.zeros((1, k, 1), np.float32)
+    x[0, k // 2, 0] = 1.0
+    got = np.asarray(blur_pool(x, k, 1, pad_mode="constant", num_spatial_dims=1))[0, :, 0]
+    want = np.array([math.comb(k - 1, j) / 2 ** (k - 1) for j in range(k)]).astype(np.float32)
+    assert np.array_equal(np.array(binomial_filter(k), np.float32), want)
+    # XLA:CPU flushes float32 subnormals (below 2**-126, the outermost taps) to zero.
+    flushed = np.where(want < np.finfo(np.float32).tiny, np.float32(0), want)
+    np.testing.assert_array_equal(got, flushed[:len(got)])
+    assert len(got) == k - 1 + k % 2 and want.max() > 0.05
+
+
+def test_binomial_filter_is_timms_for_every_size_timm_builds():
+  # timm 1.0.31 BlurPool2d._init_buffers, run in PyTorch 2.13: a float32 tensor of the
+  # binomials divided by 2 ** (filt_size - 1). From 65 taps torch.tensor overflows int64.
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  for k in range(2, 65):
+    timm = (torch.tensor([math.comb(k - 1, j) for j in range(k)], dtype=torch.float32)
+            / (2 ** (k - 1))).numpy()
+    assert np.array_equal(np.array(binomial_filter(k), np.float32), timm), k
 
 
 @pytest.mark.parametrize(("pad_mode", "expected"), [
@@ -198,6 +226,12 @@ def test_nchw_guard():
     (lambda: BlurPool(pad_mode="zeros"), ValueError,
      "`pad_mode` must be one of 'reflect', 'constant', 'replicate', 'circular' (F.pad's "
      "modes); got 'zeros'."),
+    (lambda: BlurPool(pad_mode=None), TypeError,  # a wrong type, as elsewhere (issue 30)
+     "`pad_mode` must be one of 'reflect', 'constant', 'replicate', 'circular' (F.pad's "
+     "modes); got None."),
+    (lambda: BlurPool((3, 1025)), ValueError,
+     "`filter_size` must be at most 1024 in every dim (the kernel takes one slice per tap, "
+     "so its program grows with the filter); got (3, 1025)."),
     (lambda: BlurPool(3.0), TypeError, "`filter_size` must be an int or a tuple of ints; got 3.0."),
     (lambda: BlurPool((3, 3), (2, 2, 2)), ValueError,
      "`strides` (2, 2, 2) has 3 entries, but `filter_size` (3, 3) sets 2 spatial dim(s)"),
@@ -221,6 +255,18 @@ def test_nchw_guard():
      "BlurPool: `inputs` has dtype int32, but this pooling needs a floating dtype"),
     (lambda: BlurPool()(jnp.zeros((1, 0, 8, 1))), ValueError,
      "BlurPool: `inputs` needs non-empty spatial dims"),
+    # Issue 30: XLA aborted the interpreter on these ("overflow in static extent product",
+    # exit 134); timm's padding is (10**9 - 1 + 2) // 2 = 500000000 a side.
+    (lambda: BlurPool(3, strides=10**9, pad_mode="constant")(jnp.zeros((2, 8, 8, 16))),
+     ValueError,
+     "BlurPool: the input of shape (2, 8, 8, 16) padded to (2, 1000000008, 1000000008, 16) "
+     "would be an array of 32000000512000002048 elements, more than the 2**60 that XLA can "
+     "size (an int64 count of bytes, up to 8 an element); XLA would abort the interpreter. "
+     "timm's padding grows with the stride, ((strides - 1) + (filter_size - 1)) // 2 a side, "
+     "here (500000000, 500000000): use smaller `strides`."),
+    (lambda: blur_pool(jnp.zeros((8, 16)), 3, 10**18, pad_mode="replicate",
+                       num_spatial_dims=1), ValueError,
+     "blur_pool: the input of shape (1, 8, 16) padded to (1, 1000000000000000008, 16)"),
 ])
 def test_refusals(call, error, message):
   with pytest.raises(error, match=re.escape(message)):

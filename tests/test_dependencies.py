@@ -28,12 +28,24 @@ def _declared(*groups: str) -> set[str]:
   return {_normalise(re.match(r"[A-Za-z0-9_.\-]+", r).group()) for r in requirements}
 
 
+def _type_checking_only(tree: ast.AST) -> set[ast.AST]:
+  """The nodes under ``if TYPE_CHECKING:``, which only type checkers read (not at run time)."""
+  return {inner for node in ast.walk(tree)
+          if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+          and node.test.id == "TYPE_CHECKING"
+          for statement in node.body for inner in ast.walk(statement)}
+
+
 def _imported(*paths: Path) -> dict[str, set[str]]:
-  """Third-party distributions imported by the files under ``paths``, and where."""
+  """Third-party distributions imported at run time by the files under ``paths``, and where."""
   found: dict[str, set[str]] = {}
   files = [p for path in paths for p in ([path] if path.is_file() else path.rglob("*.py"))]
   for file in files:
-    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+    tree = ast.parse(file.read_text(), str(file))
+    static = _type_checking_only(tree)
+    for node in ast.walk(tree):
+      if node in static:
+        continue
       if isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]
       elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -118,6 +118,24 @@ _POOL_TYPES = ("'token' (the first token, (N, out)), '' (the attended map withou
 _APSD = ("{'qkv.weight': np.zeros((24, 8)), 'qkv.bias': np.zeros(24), 'proj.weight': "
          "np.zeros((8, 8)), 'proj.bias': np.zeros(8), 'pos_embed': np.zeros((%d, 8))}")
 
+# AttentionPoolLatent's key sets: a ViT's head (norm.*), with and without the q/kv biases and
+# q_norm/k_norm, then the same four as timm's default, norm_layer=None (no norm.*).
+_LATENT_WITH_NORM = (
+    "kv.bias, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, mlp.fc2.weight, "
+    "norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight",
+    "k_norm.bias, k_norm.weight, kv.bias, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
+    "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.bias, "
+    "q.weight, q_norm.bias, q_norm.weight",
+    "kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, mlp.fc2.weight, norm.bias, "
+    "norm.weight, proj.bias, proj.weight, q.weight",
+    "k_norm.bias, k_norm.weight, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, "
+    "mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.weight, q_norm.bias, "
+    "q_norm.weight",
+)
+_LATENT_KEY_SETS = "; ".join(
+    [*_LATENT_WITH_NORM, *(keys.replace(" norm.bias, norm.weight,", "")
+                           for keys in _LATENT_WITH_NORM)])
+
 _BMF = "Blur, median and fractional max pooling"
 _FAMILY_POOLS = ("BlurPool", "MedianPool", "FractionalMaxPool")  # {M}(2, 3) builds each
 _PAD_MODES = "'reflect', 'constant', 'replicate', 'circular' (F.pad's modes)"
@@ -181,6 +199,10 @@ ROWS = (
        "`padding` must be non-negative; got -1."),
     _r(_W, WINDOW, "`padding` of the wrong length", "{M}((3, 3), padding=(1,))", "ValueError",
        f"`padding` (1,) has 1 entries, but `window_shape` (3, 3) sets 2 spatial dim(s); {_AGREE}"),
+    _r(_W, WINDOW, "`padding` in F.pad's flat order (4 or 6 ints)", "{M}(3, padding=(1, 1, 0, 0))",
+       "ValueError",
+       "`padding` (1, 1, 0, 0) reads as F.pad's flat (left, right, top, bottom[, front, back]) "
+       f"order; here padding is {_FORMS}, first dim first: write padding=((0, 0), (1, 1))."),
     _r(_W, WINDOW, "`padding` with triples", "{M}((3, 3), padding=((1, 1, 1), (0, 0)))",
        "TypeError", f"`padding` must be {_FORMS}; got ((1, 1, 1), (0, 0))."),
     _r(_W, WINDOW, "`padding` a float", "{M}((3, 3), padding=1.0)", "TypeError",
@@ -230,6 +252,15 @@ ROWS = (
        "ValueError", f"Spatial dim 0 of length 4 with padding ({2**39}, {2**39}) is "
        f"{4 + 2**40} cells long padded; the kernels' int32 coordinates address at most "
        "2**31 - 1."),
+    _r(_W, SELECT, "a padded input past what XLA can size",
+       "{M}((3, 3, 3), 1, 2**29, dilation=2**29)(x(2, 8, 8, 8, 16))", "ValueError",
+       "{M}(window_shape=(3, 3, 3), strides=(1, 1, 1), padding=((536870912, 536870912), "
+       "(536870912, 536870912), (536870912, 536870912)), dilation=(536870912, 536870912, "
+       "536870912)): the input of shape (2, 8, 8, 8, 16) padded to (2, 1073741832, 1073741832, "
+       f"1073741832, 16) would be an array of {2 * (2**30 + 8)**3 * 16} elements, more than "
+       "the 2**60 that XLA can size (an int64 count of bytes, up to 8 an element); XLA would "
+       "abort the interpreter. Pass less `padding` (at most half the dilated window is "
+       "allowed, so a large `dilation` or window admits a large one)."),
     _r(_W, "AvgPool", "`divisor_override` past int64", "AvgPool((2, 2), divisor_override=2**63)",
        "ValueError", f"`divisor_override` must be at most 2**63 - 1 (int64); got {2**63}."),
     _r(_W, ALL_WINDOW, "`window_shape` past int64", "{M}((2, 2**63))", "ValueError",
@@ -659,6 +690,15 @@ ROWS = (
     _r(_F, "LsePlusPool", "unexpected keys", "LsePlusPool.from_torch({'p': np.ones(1)})",
        "ValueError", f"LsePlusPool.from_torch: unexpected state-dict keys. Expected one of: r. "
        f"Received: p. {_PREFIX}"),
+    _r(_F, "GeMPool", "a loaded `p` the constructor refuses",
+       "GeMPool.from_torch({'p': np.zeros(1)})", "ValueError",
+       "GeMPool.from_torch: `p` must be a positive finite number; got 0.0."),
+    _r(_F, "GeMPool", "a weight that is not floating (int, bool, complex)",
+       "GeMPool.from_torch({'p': np.ones(1, np.int64)})", "TypeError",
+       "GeMPool.from_torch: `p` must hold floating weights; got dtype int64."),
+    _r(_F, "GeMPool", "a weight with NaN or inf", "GeMPool.from_torch({'p': np.full(1, np.inf)})",
+       "ValueError", "GeMPool.from_torch: `p` holds 1 non-finite values (NaN or inf) of 1; a "
+       "module built from it would compute NaN."),
     _r(_F, _GENERALIZED, "`rngs` passed", "{M}.from_torch({}, rngs=rngs)", "TypeError",
        "{M}.from_torch: do not pass rngs; sizes come from the weights and no initialiser runs."),
     # ------------------------------------------------------------ attention heads
@@ -770,17 +810,13 @@ ROWS = (
     _r(_AF, "AttentionPoolLatent", "unexpected keys",
        "AttentionPoolLatent.from_torch({'attn_pool.latent': np.zeros((1, 1, 8))}, num_heads=2)",
        "ValueError",
-       "AttentionPoolLatent.from_torch: unexpected state-dict keys. Expected one of: kv.bias, "
-       "kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, mlp.fc2.weight, "
-       "norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight; k_norm.bias, "
-       "k_norm.weight, kv.bias, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, mlp.fc2.bias, "
-       "mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.bias, q.weight, "
-       "q_norm.bias, q_norm.weight; kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
-       "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, "
-       "q.weight; k_norm.bias, k_norm.weight, kv.weight, latent, mlp.fc1.bias, mlp.fc1.weight, "
-       "mlp.fc2.bias, mlp.fc2.weight, norm.bias, norm.weight, proj.bias, proj.weight, q.weight, "
-       "q_norm.bias, q_norm.weight. Received: attn_pool.latent. Strip any parent prefix first, "
+       f"AttentionPoolLatent.from_torch: unexpected state-dict keys. Expected one of: "
+       f"{_LATENT_KEY_SETS}. Received: attn_pool.latent. Strip any parent prefix first, "
        "e.g. {k.removeprefix('se.'): v for k, v in sd.items() if k.startswith('se.')}."),
+    _r(_AF, "AttentionPool", "a position embedding that is not 2-D",
+       "AttentionPool.from_torch(" + _APSD.replace("(%d, 8)", "80") + ", num_heads=2, "
+       "feat_size=(3, 3))", "ValueError",
+       "AttentionPool.from_torch: `pos_embed` must be (1 + H*W, C); got shape (80,)."),
     _r(_AF, "AttentionPool", "a position embedding of a non-square map without `feat_size`",
        "AttentionPool.from_torch(" + _APSD % 11 + ", num_heads=2)", "ValueError",
        "AttentionPool.from_torch: `pos_embed` of shape (11, 8) holds 10 map positions, not a "
@@ -867,8 +903,19 @@ ROWS = (
        f"{_AGREE}"),
     _r(_BMF, "BlurPool", "`pad_mode` not one of F.pad's", "BlurPool(pad_mode='zeros')",
        "ValueError", f"`pad_mode` must be one of {_PAD_MODES}; got 'zeros'."),
-    _r(_BMF, "BlurPool", "`pad_mode` not a string", "BlurPool(pad_mode=None)", "ValueError",
+    _r(_BMF, "BlurPool", "`pad_mode` not a string", "BlurPool(pad_mode=None)", "TypeError",
        f"`pad_mode` must be one of {_PAD_MODES}; got None."),
+    _r(_BMF, "BlurPool", "`filter_size` over 1024", "BlurPool(1025)", "ValueError",
+       "`filter_size` must be at most 1024 in every dim (the kernel takes one slice per tap, so "
+       "its program grows with the filter); got 1025. (timm 1.0.31 builds at most 64: from 65 "
+       "its binomials overflow int64.)"),
+    _r(_BMF, "BlurPool", "`strides` whose padding XLA cannot size",
+       "BlurPool(3, 10**9, pad_mode='constant')(x(2, 8, 8, 16))", "ValueError",
+       "BlurPool: the input of shape (2, 8, 8, 16) padded to (2, 1000000008, 1000000008, 16) "
+       "would be an array of 32000000512000002048 elements, more than the 2**60 that XLA can "
+       "size (an int64 count of bytes, up to 8 an element); XLA would abort the interpreter. "
+       "timm's padding grows with the stride, ((strides - 1) + (filter_size - 1)) // 2 a side, "
+       "here (500000000, 500000000): use smaller `strides`."),
     _r(_BMF, "BlurPool", "timm's positional `channels` first", "BlurPool(64, 3, 2)", "TypeError",
        "BlurPool got 3 positional arguments, at most 2; BlurPool takes (filter_size, strides, "
        "*, pad_mode, in_features, num_spatial_dims)."),
@@ -967,6 +1014,15 @@ ROWS = (
        "FractionalMaxPool(2, 3, _random_samples=x(1, 1, 2))", "TypeError",
        "FractionalMaxPool takes `samples` (nnx-pool's name) when called, not `_random_samples` "
        "(PyTorch's) when built: write FractionalMaxPool(...)(inputs, samples=...) instead."),
+    _r(_BMF, "FractionalMaxPool", "PyTorch's `_random_samples` when called",
+       f"FractionalMaxPool(2, 3)(x(2, 6, 6, 3), _random_samples={_S})", "TypeError",
+       "FractionalMaxPool's call takes `samples` (nnx-pool's name), not `_random_samples` "
+       "(PyTorch's): write samples=... instead."),
+    _r(_BMF, "FractionalMaxPool", "`samples` outside [0, 1) or NaN (checked outside jit)",
+       f"FractionalMaxPool(2, 3)(x(2, 6, 6, 3), samples={_S} + 5.0)", "ValueError",
+       "FractionalMaxPool: `samples` must lie in [0, 1), where PyTorch's torch.rand draws them; "
+       "got 12 outside it, the first 5.0. Draw them with jax.random.uniform, or pass rngs (key) "
+       "instead."),
     _r(_BMF, "FractionalMaxPool", "a window and output size that do not fit",
        f"FractionalMaxPool(3, 5)(x(2, 6, 6, 3), samples={_S})", "ValueError",
        "FractionalMaxPool: window 3 with 5 outputs does not fit spatial dim 0 of length 6: "

@@ -296,6 +296,8 @@ def test_constructor_refusals(build, error, message):
 
 _X = np.zeros((2, 6, 6, 3), np.float32)
 _S = np.zeros((2, 3, 2), np.float32)
+_S_FIVE = _S.copy()
+_S_FIVE[1, 2, 0] = 5.0
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
@@ -336,7 +338,34 @@ _S = np.zeros((2, 3, 2), np.float32)
      "fractional_max_pool: `key` must be a JAX key such as jax.random.key(0); got int."),
     (lambda: FractionalMaxPool(2, 3)(_X.astype(np.int32), samples=_S), TypeError,
      "FractionalMaxPool: `inputs` has dtype int32, but this pooling needs a floating dtype"),
+    # Issue 30: samples outside [0, 1) were used as given; PyTorch's _random_samples, passed
+    # to the call, got Python's bare unexpected-keyword error.
+    (lambda: FractionalMaxPool(2, 3)(_X, samples=np.full((2, 3, 2), np.nan, np.float32)),
+     ValueError,
+     "FractionalMaxPool: `samples` must lie in [0, 1), where PyTorch's torch.rand draws them; "
+     "got 12 outside it, the first nan. Draw them with jax.random.uniform, or pass rngs (key) "
+     "instead."),
+    (lambda: FractionalMaxPool(2, 3)(_X, samples=_S_FIVE), ValueError,
+     "got 1 outside it, the first 5.0."),
+    (lambda: fractional_max_pool(_X, 2, 3, samples=_S - 1.0), ValueError,
+     "fractional_max_pool: `samples` must lie in [0, 1), where PyTorch's torch.rand draws "
+     "them; got 12 outside it, the first -1.0."),
+    (lambda: FractionalMaxPool(2, 3)(_X, _random_samples=_S), TypeError,
+     "FractionalMaxPool's call takes `samples` (nnx-pool's name), not `_random_samples` "
+     "(PyTorch's): write samples=... instead."),
+    (lambda: FractionalMaxPool(2, 3)(_X, key=jax.random.key(0)), TypeError,
+     "FractionalMaxPool's call got an unexpected keyword argument `key`; FractionalMaxPool's "
+     "call takes (inputs, *, samples, rngs)."),
 ])
 def test_call_refusals(call, error, message):
   with pytest.raises(error, match=re.escape(message)):
     call()
+
+
+def test_traced_samples_are_not_checked_and_go_into_pytorchs_rule():
+  # Under jit the samples are tracers (documented): 5.0 is used as given. Expected: the
+  # NumPy mirror of PyTorch's interval rule with the same sample, starts clamped to fit.
+  x = np.arange(36.0, dtype=np.float32).reshape(1, 6, 6, 1)
+  samples = np.array([[[0.25, 5.0]]], np.float32)
+  got = jax.jit(lambda s: fractional_max_pool(x, 2, 3, samples=s))(samples)
+  np.testing.assert_array_equal(got, reference.fractional_max_pool(x, (2, 2), (3, 3), samples)[0])

@@ -1,4 +1,4 @@
-"""Tests for the channel gates (nnx_pool._gates).
+"""Tests for the channel gates (nnx_pool._gates, ._squeeze_excite, ._eca, ._cbam).
 
 Each expectation says where it comes from: a hand computation, a seed fixture,
 the peer's source (timm 1.0.31 ``timm/layers/``, torchvision 0.28
@@ -22,14 +22,10 @@ import pytest
 from flax import nnx
 from jax import lax
 
-from nnx_pool._gates import (
-  CBAM,
-  EffectiveSqueezeExcitation,
-  EfficientChannelAttention,
-  SqueezeExcitation,
-  eca_kernel_size,
-  make_divisible,
-)
+from nnx_pool._cbam import CBAM
+from nnx_pool._eca import EfficientChannelAttention, eca_kernel_size
+from nnx_pool._gates import make_divisible
+from nnx_pool._squeeze_excite import EffectiveSqueezeExcitation, SqueezeExcitation
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 

@@ -1,5 +1,5 @@
 """Tests for timm's remaining gates (issue 25): circular ECA, SE's add_maxpool and norm,
-LightCBAM and GlobalContext (nnx_pool._gates, nnx_pool._context_gates).
+LightCBAM and GlobalContext (nnx_pool._eca, ._squeeze_excite, ._cbam, ._context_gates).
 
 Each expectation says where it comes from: a hand computation written out beside it, or
 PyTorch 2.13 CPU running the timm 1.0.31 modules re-stated here from their sources
@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_pool._context_gates import GlobalContext, LightCBAM
-from nnx_pool._gates import EfficientChannelAttention, SqueezeExcitation
+from nnx_pool._cbam import LightCBAM
+from nnx_pool._context_gates import GlobalContext
+from nnx_pool._eca import EfficientChannelAttention
+from nnx_pool._squeeze_excite import SqueezeExcitation
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 

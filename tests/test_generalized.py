@@ -311,6 +311,13 @@ _ERRORS = [
     (lambda: GeMPool.from_torch({"p": np.ones(1, np.float32)}, rngs=nnx.Rngs(0)), TypeError,
      "GeMPool.from_torch: do not pass rngs; sizes come from the weights and no initialiser "
      "runs."),
+    # Issue 30: the constructor's checks hold for loaded values (p = 0 pooled to all 1.0).
+    (lambda: GeMPool.from_torch({"p": np.zeros(1, np.float32)}), ValueError,
+     "GeMPool.from_torch: `p` must be a positive finite number; got 0.0."),
+    (lambda: LsePlusPool.from_torch({"r": np.float32(-2.0)}), ValueError,
+     "LsePlusPool.from_torch: `r` must be a positive finite number; got -2.0."),
+    (lambda: GeMPool.from_torch({"p": np.ones(1, np.float32)}, p=3.0), TypeError,
+     "GeMPool.from_torch: do not pass p; sizes come from the weights and no initialiser runs."),
 ]
 
 

@@ -23,14 +23,11 @@ import pytest
 from flax import nnx
 
 from nnx_pool._attention import AttentionPool, AttentionPoolLatent
-from nnx_pool._context_gates import GlobalContext, LightCBAM
-from nnx_pool._gates import (
-  CBAM,
-  EffectiveSqueezeExcitation,
-  EfficientChannelAttention,
-  SqueezeExcitation,
-)
+from nnx_pool._cbam import CBAM, LightCBAM
+from nnx_pool._context_gates import GlobalContext
+from nnx_pool._eca import EfficientChannelAttention
 from nnx_pool._generalized import GeMPool, LsePlusPool
+from nnx_pool._squeeze_excite import EffectiveSqueezeExcitation, SqueezeExcitation
 from nnx_pool._torch_state import (
   TORCH_KEYS,
   Loader,
@@ -220,13 +217,15 @@ def _attention_pool(separate, bias, proj, cls):
   return AttentionPool, shapes, expected, {"num_heads": 2}
 
 
-def _latent(bias, qk_norm):
+def _latent(bias, qk_norm, norm):
+  # norm=False: timm 1.0.31's default AttentionPoolLatent (norm_layer=None), no norm.* keys.
   shapes = {"latent": (1, 2, 4), "q.weight": (4, 4), "kv.weight": (8, 4)}
   shapes |= {"q.bias": (4,), "kv.bias": (8,)} if bias else {}
   shapes |= ({f"{n}.{p}": (2,) for n in ("q_norm", "k_norm") for p in ("weight", "bias")}
              if qk_norm else {})
-  shapes |= {"proj.weight": (3, 4), "proj.bias": (3,), "norm.weight": (3,), "norm.bias": (3,),
-             "mlp.fc1.weight": (7, 3), "mlp.fc1.bias": (7,), "mlp.fc2.weight": (3, 7),
+  shapes |= {"proj.weight": (3, 4), "proj.bias": (3,)}
+  shapes |= {"norm.weight": (3,), "norm.bias": (3,)} if norm else {}
+  shapes |= {"mlp.fc1.weight": (7, 3), "mlp.fc1.bias": (7,), "mlp.fc2.weight": (3, 7),
              "mlp.fc2.bias": (3,)}
 
   def expected(sd):
@@ -257,8 +256,8 @@ _CASES |= {
                        for n in "qkvc"},
                     **{f"{'proj' if n == 'c' else n}.bias": sd[f"{n}_proj.bias"] for n in "qkvc"}},
         {"num_heads": 2}),
-    **{f"timm AttentionPoolLatent bias={b} qk_norm={q}": _latent(b, q)
-       for b in (True, False) for q in (False, True)},
+    **{f"timm AttentionPoolLatent bias={b} qk_norm={q} norm={n}": _latent(b, q, n)
+       for b in (True, False) for q in (False, True) for n in (True, False)},
 }
 
 
@@ -378,6 +377,50 @@ def test_tensors_are_read_without_torch():
   eca = EfficientChannelAttention.from_torch({"conv.weight": weight})
   assert weight.calls == ["detach", "cpu", "float"]
   np.testing.assert_array_equal(eca.conv.kernel[...][:, 0, 0], [0.5, -1.0, 2.0])
+
+
+@pytest.mark.parametrize(("value", "error", "message"), [
+    # Issue 30: cast without a word before (int64 and bool to float32, complex to its real part).
+    (np.array([3], np.int64), TypeError,
+     "GeMPool.from_torch: `p` must hold floating weights; got dtype int64."),
+    (np.array([True]), TypeError,
+     "GeMPool.from_torch: `p` must hold floating weights; got dtype bool."),
+    (np.array([3 + 1j], np.complex64), TypeError,
+     "GeMPool.from_torch: `p` must hold floating weights; got dtype complex64."),
+    (np.array([np.nan], np.float32), ValueError,
+     "GeMPool.from_torch: `p` holds 1 non-finite values (NaN or inf) of 1; a module built from "
+     "it would compute NaN."),
+    (_Tensor([3.0], dtype="torch.int64"), TypeError,
+     "GeMPool.from_torch: `p` must hold floating weights; got dtype torch.int64."),
+])
+def test_weights_must_be_finite_floats_named_by_key(value, error, message):
+  with pytest.raises(error, match=f"^{re.escape(message)}$"):
+    GeMPool.from_torch({"p": value})
+
+
+def test_batch_norms_int64_counter_is_not_read():
+  # timm's SEModule(norm_layer=BatchNorm2d): num_batches_tracked is int64, accepted and ignored.
+  sd = {"fc1.weight": np.ones((2, 8), np.float32), "fc2.weight": np.ones((8, 2), np.float32),
+        "bn.weight": np.ones(2, np.float32), "bn.bias": np.zeros(2, np.float32),
+        "bn.running_mean": np.zeros(2, np.float32), "bn.running_var": np.ones(2, np.float32),
+        "bn.num_batches_tracked": np.array(7, np.int64)}
+  assert SqueezeExcitation.from_torch(sd).bn is not None
+
+
+def test_real_torch_float8_meta_and_packed_tensors():
+  torch = pytest.importorskip("torch", reason="PyTorch parity needs torch==2.13.0 (the parity "
+                                              "extra)")
+  # float8 widens to float32 exactly (3 is a float8_e4m3fn value); a meta tensor has no data
+  # and float4_e2m1fn_x2 no float32 conversion: each reached torch's own error before.
+  gem = GeMPool.from_torch({"p": torch.full((1,), 3.0).to(torch.float8_e4m3fn)})
+  np.testing.assert_array_equal(gem.p[...], [3.0])
+  with pytest.raises(ValueError, match=re.escape(
+      "GeMPool.from_torch: `p` is a meta tensor, which holds no data")):
+    GeMPool.from_torch({"p": torch.empty(1, device="meta")})
+  with pytest.raises(TypeError, match=re.escape(
+      "GeMPool.from_torch: `p` has dtype torch.float4_e2m1fn_x2, which PyTorch cannot widen to "
+      "float32 (a packed format); unpack it to a float dtype first.")):
+    GeMPool.from_torch({"p": torch.empty(1, dtype=torch.float4_e2m1fn_x2)})
 
 
 def test_real_torch_tensors_bfloat16_included():

@@ -1,13 +1,17 @@
 """The public API's annotations where users meet them: pyright on a user's own files.
 
 ``make typecheck`` runs these (``-m typecheck``; the default suite skips them). They need the
-``typecheck`` extra (pyright, with the Node.js it runs on, as wheels). pyright reads nnx_pool
-as installed (laid out by docs/site_src/installed_layout.py into a temporary folder), in its
+``typecheck`` extra (pyright, with the Node.js it runs on, as wheels). The files lie in a
+folder outside the repository and pyright finds nnx_pool as an editor does: through this
+venv's interpreter, with no path of ours (the links ``tools/link_layout.py`` lays out, which
+``make`` runs; the editable install's import hook alone is invisible to pyright), in its
 default ``standard`` mode, the one a user who runs ``pyright`` gets.
 
 * ``user_ok.py`` uses the public API correctly, states the types it expects with
   ``typing.assert_type`` (the ``(values, indices)`` tuple of ``return_indices=True`` among
-  them) and must check without a diagnostic. It also runs, so every call in it is a real one.
+  them), feeds every pooling module to a convolution as a model does,
+  ``self.conv(self.pool(x))``, and must check without a diagnostic. It also runs, so every
+  call in it is a real one.
 * ``user_misuse.py`` holds one mistake a line, each marked with the pyright rule that must
   report it there: a missing or wrong annotation lets one through, and the test names it.
 """
@@ -47,14 +51,20 @@ from flax import nnx
 from nnx_pool import (
   AdaptiveAvgPool,
   AdaptiveMaxPool,
+  AttentionPool,
+  AttentionPoolLatent,
   AvgPool,
   BlurPool,
   FractionalMaxPool,
   GeMPool,
   GlobalAvgPool,
+  GlobalMaxPool,
+  LPPool,
+  LsePlusPool,
   MaxPool,
   MaxUnpool,
   MedianPool,
+  MinPool,
   SelectAdaptivePool,
   SqueezeExcitation,
   output_shape,
@@ -75,8 +85,48 @@ class Stem(nnx.Module):
     return self.head(self.se(y))
 
 
+class EveryPool(nnx.Module):
+  """Each pooling module's output straight into a convolution, as a model feeds them."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.conv = nnx.Conv(3, 4, (1, 1), rngs=rngs)
+    self.dense = nnx.Linear(3, 4, rngs=rngs)
+    self.avg = AvgPool(2)
+    self.max = MaxPool(3, 2, 1)
+    self.min = MinPool(2, return_indices=False)
+    self.lp = LPPool(2, 2)
+    self.indexed = MaxPool(2, return_indices=True)
+    self.unpool = MaxUnpool(2)
+    self.adaptive_avg = AdaptiveAvgPool(4)
+    self.adaptive_max = AdaptiveMaxPool(4)
+    self.global_avg = GlobalAvgPool(keepdims=True)
+    self.global_max = GlobalMaxPool(keepdims=True)
+    self.select = SelectAdaptivePool(2, pool_type="avgmax")
+    self.fractional = FractionalMaxPool(2, output_ratio=0.5)
+    self.blur = BlurPool(3, 2)
+    self.median = MedianPool(3, padding=1)
+    self.gem = GeMPool(flatten=False)
+    self.lse = LsePlusPool(flatten=False)
+    self.attention = AttentionPool(3, feat_size=8, out_features=3, num_heads=1, pool_type="",
+                                   rngs=rngs)
+    self.latent = AttentionPoolLatent(3, num_heads=1, pool_type="", rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> list[jax.Array]:
+    return [
+        self.conv(self.avg(x)), self.conv(self.max(x)), self.conv(self.min(x)),
+        self.conv(self.lp(x)), self.conv(self.unpool(*self.indexed(x), output_size=(8, 8))),
+        self.conv(self.adaptive_avg(x)), self.conv(self.adaptive_max(x)),
+        self.conv(self.global_avg(x)), self.conv(self.global_max(x)),
+        self.conv(self.select(x)), self.conv(self.fractional(x, rngs=nnx.Rngs(dropout=0))),
+        self.conv(self.blur(x)), self.conv(self.median(x)), self.conv(self.gem(x)),
+        self.conv(self.lse(x)), self.conv(self.attention(x)),
+        self.dense(self.latent(x.reshape(2, 64, 3))),
+    ]
+
+
 x = jnp.ones((2, 8, 8, 3))
 assert_type(Stem(nnx.Rngs(0))(x), jax.Array)
+assert len(EveryPool(nnx.Rngs(0))(x)) == 17
 
 # The window arguments: ints, NumPy ints, tuples of them; padding in every form.
 assert_type(AvgPool(2)(x), jax.Array)
@@ -100,15 +150,34 @@ key = jax.random.key(0)
 assert_type(F.fractional_max_pool(x, 2, 3, key=key, return_indices=True),
             tuple[jax.Array, jax.Array])
 
-# A module's result depends on its constructor's return_indices: the union of both.
+# A module is generic in what a call returns, picked by a literal return_indices in its
+# constructor; a bool variable gives the union, and a bare annotation means jax.Array.
+assert_type(MaxPool(2), MaxPool[jax.Array])
+assert_type(MinPool(2, return_indices=True), MinPool[tuple[jax.Array, jax.Array]])
+assert_type(MaxPool(2, dilation=1, return_indices=flag),
+            MaxPool[jax.Array | tuple[jax.Array, jax.Array]])
 pooled = MaxPool(2, return_indices=True)(x)
-assert_type(pooled, jax.Array | tuple[jax.Array, jax.Array])
-assert isinstance(pooled, tuple)
+assert_type(pooled, tuple[jax.Array, jax.Array])
 values, indices = pooled
 assert_type(MaxUnpool(2)(values, indices, output_size=(8, 8)), jax.Array)
-assert_type(AdaptiveMaxPool((3, None))(x), jax.Array | tuple[jax.Array, jax.Array])
-assert_type(FractionalMaxPool(2, output_ratio=0.5)(x, rngs=nnx.Rngs(dropout=0)),
-            jax.Array | tuple[jax.Array, jax.Array])
+assert_type(AdaptiveMaxPool((3, None))(x), jax.Array)
+assert_type(AdaptiveMaxPool(3, return_indices=True)(x), tuple[jax.Array, jax.Array])
+assert_type(FractionalMaxPool(2, output_ratio=0.5)(x, rngs=nnx.Rngs(dropout=0)), jax.Array)
+assert_type(FractionalMaxPool(2, 3, return_indices=True)(x, rngs=nnx.Rngs(dropout=0)),
+            tuple[jax.Array, jax.Array])
+assert_type(MinPool(2, return_indices=flag)(x), jax.Array | tuple[jax.Array, jax.Array])
+
+
+def pool_with(pool: MaxPool, y: jax.Array) -> jax.Array:
+  return pool(y)  # a bare MaxPool is a MaxPool[jax.Array]
+
+
+def pool_indexed(pool: AdaptiveMaxPool[tuple[jax.Array, jax.Array]], y: jax.Array) -> jax.Array:
+  return pool(y)[1]
+
+
+assert_type(pool_with(MaxPool(2), x), jax.Array)
+assert_type(pool_indexed(AdaptiveMaxPool(2, return_indices=True), x), jax.Array)
 
 assert_type(AdaptiveAvgPool((7, None))(x), jax.Array)
 assert_type(GlobalAvgPool(keepdims=True)(x), jax.Array)
@@ -139,12 +208,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_pool import AdaptiveAvgPool, AvgPool, MaxPool, SqueezeExcitation, output_shape
+from nnx_pool import (
+  AdaptiveAvgPool,
+  AdaptiveMaxPool,
+  AvgPool,
+  FractionalMaxPool,
+  MaxPool,
+  MinPool,
+  SqueezeExcitation,
+  output_shape,
+)
 from nnx_pool import functional as F
 from nnx_pool.regression.guard import Guard
 
 x = jnp.ones((2, 8, 8, 3))
 pool = MaxPool(3, 2, 1)
+conv = nnx.Conv(3, 4, (1, 1), rngs=nnx.Rngs(0))
 
 MaxPool("3")  # expect: reportArgumentType
 MaxPool(3, padding=1.5)  # expect: reportArgumentType
@@ -163,6 +242,12 @@ SqueezeExcitation(8)  # expect: reportCallIssue
 output_shape((1, 8, 8, 3), 2.0)  # expect: reportArgumentType
 Guard(3)  # expect: reportArgumentType
 Guard(".").check(0, pool, x)  # expect: reportArgumentType
+conv(MaxPool(2, return_indices=True)(x))  # expect: reportArgumentType
+conv(MinPool(2, return_indices=True)(x))  # expect: reportArgumentType
+conv(AdaptiveMaxPool(2, return_indices=True)(x))  # expect: reportArgumentType
+conv(FractionalMaxPool(2, 3, return_indices=True)(x, samples=x))  # expect: reportArgumentType
+indexed: MaxPool = MaxPool(2, return_indices=True)  # expect: reportAssignmentType
+F.min_pool(x, 2, 2, return_indices=True).shape  # expect: reportAttributeAccessIssue
 
 
 def pooled(y: jax.Array) -> int:
@@ -188,18 +273,13 @@ def diagnostics(tmp_path_factory) -> dict[str, list[tuple[int, str, str, str]]]:
   if not PYRIGHT.exists():
     pytest.fail(f"pyright is not installed beside {sys.executable}: pip install -e '.[typecheck]'"
                 " (make typecheck does).")
-  work = tmp_path_factory.mktemp("user")
-  layout = work / "installed"
-  done = subprocess.run([sys.executable, str(ROOT / "docs" / "site_src" / "installed_layout.py"),
-                         str(layout)], capture_output=True, text=True, timeout=60, check=False)
-  assert done.returncode == 0, done.stderr
-  project = work / "project"
-  project.mkdir()
+  project = tmp_path_factory.mktemp("user")  # outside the repository, as a user's project
+  assert ROOT not in project.parents
   (project / "user_ok.py").write_text(USER_OK)
   (project / "user_misuse.py").write_text(USER_MISUSE)
   (project / "pyrightconfig.json").write_text(json.dumps({
-      "include": ["user_ok.py", "user_misuse.py"], "extraPaths": [str(layout)],
-      "typeCheckingMode": "standard", "pythonVersion": "3.11"}))
+      "include": ["user_ok.py", "user_misuse.py"], "typeCheckingMode": "standard",
+      "pythonVersion": "3.11"}))
   done = subprocess.run([str(PYRIGHT), "--outputjson", "--pythonpath", sys.executable],
                         cwd=project, capture_output=True, text=True, timeout=120, check=False)
   try:
@@ -210,6 +290,12 @@ def diagnostics(tmp_path_factory) -> dict[str, list[tuple[int, str, str, str]]]:
   for d in report["generalDiagnostics"]:
     found[Path(d["file"]).name].append((d["range"]["start"]["line"] + 1, d["severity"],
                                         d.get("rule", ""), d["message"]))
+  unresolved = [message for diagnostics in found.values()
+                for _, _, rule, message in diagnostics if rule == "reportMissingImports"]
+  if unresolved:
+    pytest.fail(f"pyright, run with {sys.executable}, resolves no nnx_pool: {unresolved}. The "
+                "editable install's import hook is invisible to it; `make` lays out the links "
+                "it reads (tools/link_layout.py).")
   return found
 
 
@@ -232,6 +318,28 @@ def test_each_misuse_is_reported_on_its_line(diagnostics):
                 for n, severity, rule, message in diagnostics["user_misuse.py"]
                 if (n, rule) not in expected]
   assert not unexpected, "\n".join(unexpected)
+
+
+def test_the_links_lay_out_the_package_as_installed(tmp_path):
+  # tools/link_layout.py into a stand-in environment: every module of nnx_pool/ linked, the
+  # regression/ folder as nnx_pool/regression, and a .pth naming the folder.
+  sys.path.insert(0, str(ROOT / "tools"))
+  try:
+    from link_layout import link_layout
+  finally:
+    sys.path.remove(str(ROOT / "tools"))
+  (tmp_path / "site-packages").mkdir()
+  tree = link_layout(tmp_path, tmp_path / "site-packages")
+  package = tree / "nnx_pool"
+  assert (tmp_path / "site-packages" / "nnx-pool-links.pth").read_text() == f"{tree}\n"
+  assert sorted(p.name for p in package.iterdir() if p.suffix in (".py", ".pyi")) == sorted(
+      p.name for p in (ROOT / "nnx_pool").iterdir() if p.suffix in (".py", ".pyi"))
+  assert all(p.is_symlink() for p in package.iterdir())
+  assert (package / "_pool.py").resolve() == ROOT / "nnx_pool" / "_pool.py"
+  assert (package / "regression").resolve() == ROOT / "regression"
+  assert (package / "regression" / "guard.py").is_file()
+  link_layout(tmp_path, tmp_path / "site-packages")  # again: replaced, not nested
+  assert not (package / "nnx_pool").exists() and (package / "py.typed").is_symlink()
 
 
 def test_the_correct_file_runs(tmp_path):
