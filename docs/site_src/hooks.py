@@ -55,7 +55,7 @@ AREAS = (
     ("attention-generalized", "Attention and generalized pools",
      ("_attention", "_generalized", "_blur", "_median", "_fractional"),
      "Pools with parameters or a rule other than a window's mean or extremum."),
-    ("gates", "Gates", ("_gates", "_context_gates"),
+    ("gates", "Gates", ("_gates", "_squeeze_excite", "_eca", "_cbam", "_context_gates"),
      "Channel and spatial gates, each loading PyTorch weights with `from_torch`."),
     ("functional", "nnx_pool.functional", (),
      "One function per pooling module, for use inside an NNX module's `__call__`."),
