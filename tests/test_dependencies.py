@@ -11,7 +11,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Import names whose distribution is spelled otherwise.
 DISTRIBUTION = {"ml_dtypes": "ml-dtypes"}
 LOCAL = {"nnx_pool", "benchmarks", "conftest", "make_figures", "_sharding_worker", "_resnet",
-         "_effnet"}
+         "_effnet", "link_layout"}
 # Installed code may import an optional extra's distribution only in the modules
 # named here, and only inside functions, so that the kit runs without the extra.
 OPTIONAL = {"matplotlib": ("report", ["regression/html.py"])}
