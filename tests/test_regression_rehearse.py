@@ -900,6 +900,27 @@ def test_rehearse_pytest_options_that_do_not_fit_exit_2(argv, error, capsys):
   assert capsys.readouterr().err == f"error: rehearse: {error}\n"
 
 
+@pytest.mark.parametrize(("argv", "fixed"), [
+    (["--pytest", "tests", "-k", "logits"], "--pytest tests -- -k logits"),
+    (["--pytest", "tests", "-k", "logits", "--no-batch", "--json", "r.json"],
+     "--no-batch --json r.json --pytest tests -- -k logits"),
+    (["--no-batch", "--pytest", "-x", "tests", "--", "-q"], "--no-batch --pytest -- -x tests -q"),
+    (["--pytest", "tests", "--html=page.html"], "--pytest tests -- --html=page.html"),
+])
+def test_rehearse_a_pytest_option_before_the_double_dash_exits_2_naming_it(
+    stand_in, capsys, argv, fixed):
+  # Issue 29, finding 10: `--pytest tests -k logits` printed "-k 'logits' selected no cases",
+  # ran every test and exited 0. Now nothing runs, and the line shows the command with --.
+  assert cli.main(["rehearse", "jax==0.9.2", *argv]) == 2
+  option = next(a for a in argv if a.startswith(("-k", "-x", "--html")))
+  assert capsys.readouterr().err == (
+      f"error: rehearse: {option} comes after --pytest but before --, where rehearse reads the "
+      "options, not pytest (a -k there selected none of the kit's cases, and pytest ran every "
+      "test); pytest's options go after a --: nnx-pool-regression rehearse jax==0.9.2 "
+      f"{fixed}\n")
+  assert _StandInBuilder.created == [] and stand_in.started == []
+
+
 def test_rehearse_pytest_refuses_a_run_that_imported_another_nnx_pool(stand_in, capsys,
                                                                       monkeypatch, tmp_path):
   monkeypatch.chdir(tmp_path)
