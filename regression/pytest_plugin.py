@@ -22,9 +22,10 @@ Options:
 
 * ``--nnx-regression-update`` rewrites the baselines of the tests that run.
 * ``NNX_REGRESSION_CHECK_ONLY=1`` in the environment (:data:`CHECK_ONLY_ENV`) forbids
-  writing: a missing baseline fails its test and nothing is written, and
+  writing: a missing baseline fails its test and nothing is written, a failing check's
+  obtained results go to a temporary directory (the report names it), and
   ``--nnx-regression-update`` is a usage error. ``rehearse --pytest`` runs your tests
-  this way, so that a rehearsal never records a baseline.
+  this way, so that a rehearsal never writes into the tree.
 
 At the end of a session, the terminal summary lists baselines written or
 updated, and baselines next to the test modules that ran which no test used
