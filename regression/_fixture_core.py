@@ -65,7 +65,9 @@ from nnx_pool.regression.tolerance import Tolerance, is_float, tolerance_for
 KIND = "pytest"
 OBTAINED_KIND = "pytest-obtained"
 WEIGHTS_KIND = "pytest-weights"
-# The manifest fields a fixture baseline or obtained file must hold, and their types.
+_REDO = "re-record it (--nnx-regression-update)"  # the fix of a damaged fixture file
+# The manifest fields a fixture baseline or obtained file must hold, and those it may hold
+# (older versions lack them), with their types.
 _FIELDS = {"stamp": dict, "results": dict}
 _OPTIONAL = {"mode": str, "name": str, "inputs": list, "timing": dict, "model": dict,
              "weights_set": str, "fresh": list, "jit_eager_agree": bool, "test": str}
@@ -452,7 +454,7 @@ def load_weight_set(path: Path, manifest: Mapping[str, Any]) -> tuple[str, dict[
         "pass --nnx-regression-update to store them.")
   if not isinstance(name, str) or not re.fullmatch(r"[0-9a-f]{16}", name):
     raise BaselineError(f"baseline {path}: names the weight set {name!r}, which is no weight "
-                        f"set's name (16 hex digits); {store._FIX}.")
+                        f"set's name (16 hex digits); {_REDO}.")
   try:
     base = read_weight_set(weights_root(path) / name)
   except BaselineError as e:
@@ -488,10 +490,10 @@ def check_fields(path: Path, manifest: Mapping[str, Any]) -> None:
     if not isinstance(value, kind):
       got = "nothing" if value is None else type(value).__name__
       raise BaselineError(f"baseline {path}: its {store.MANIFEST} field {field!r} holds {got}, "
-                          f"not a {kind.__name__}; {store._FIX}.")
-    if field == "results" and not all(isinstance(t, dict) for t in value.values()):
-      raise BaselineError(f"baseline {path}: its {store.MANIFEST} field 'results' holds an "
-                          f"entry that is not a dict; {store._FIX}.")
+                          f"not a {kind.__name__}; {_REDO}.")
+  if not all(isinstance(t, dict) for t in manifest["results"].values()):
+    raise BaselineError(f"baseline {path}: its {store.MANIFEST} field 'results' holds an "
+                        f"entry that is not a dict; {_REDO}.")
 
 
 def _result_keys(manifest: Mapping[str, Any]) -> list[str]:
@@ -700,7 +702,7 @@ def report_from_disk(path: str | os.PathLike, obtained: str | os.PathLike | None
   except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
     # Both files passed their checksums: a field within them is not what the kit writes.
     raise BaselineError(f"baseline {path}: it or {out} holds a field the comparison cannot "
-                        f"read ({type(e).__name__}: {e}); {store._FIX}.") from None
+                        f"read ({type(e).__name__}: {e}); {_REDO}.") from None
 
 
 def session_report(baselines: Sequence[str | os.PathLike | tuple[Any, Any]]) -> Report:
