@@ -20,7 +20,14 @@ the same weights), and loaded into the model before it runs.
 
 A failing check writes what it obtained beside the baseline, ``<name>.obtained/`` (the same
 format, kind ``pytest-obtained``, eager results included), so that :func:`report_from_disk`
-(``nnx-pool-regression report DIR``) can draw the report again without the model.
+(``nnx-pool-regression report DIR``) can draw the report again without the model. In
+check-only mode (``NNX_REGRESSION_CHECK_ONLY``, what ``rehearse --pytest`` sets) nothing is
+written into the tree: the obtained file goes to a temporary directory of the process
+(:func:`obtained_path`), which the report names (``report DIR --obtained OUT``).
+
+A weight set is named by a digest of its content (:func:`weights_name`) and checked against
+its name whenever it is read: a set whose content does not match is refused
+(:func:`load_weight_set`) and rewritten by an update (:func:`write`).
 
 Format version 2 (nnx-pool 0.1.0) stored ``output`` and ``output_eager`` and the full
 ``weights/<path>`` parameters; it still loads: its ``output`` is compared, its weights are
@@ -33,8 +40,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -46,6 +55,7 @@ from flax import nnx
 
 from nnx_pool.regression import model_state, store
 from nnx_pool.regression.compare import Verdict, compare_arrays
+from nnx_pool.regression.constants import OBTAINED_SUFFIX, WEIGHTS_DIR
 from nnx_pool.regression.report import FailedArray, Report, Row, Timing, recorded_label
 from nnx_pool.regression.runner import compile_and_time, eager_key, split_callable, to_numpy
 from nnx_pool.regression.stamp import stamp_changes
@@ -55,8 +65,12 @@ from nnx_pool.regression.tolerance import Tolerance, is_float, tolerance_for
 KIND = "pytest"
 OBTAINED_KIND = "pytest-obtained"
 WEIGHTS_KIND = "pytest-weights"
-WEIGHTS_DIR = "_weights"
-OBTAINED_SUFFIX = ".obtained"
+_REDO = "re-record it (--nnx-regression-update)"  # the fix of a damaged fixture file
+# The manifest fields a fixture baseline or obtained file must hold, and those it may hold
+# (older versions lack them), with their types.
+_FIELDS = {"stamp": dict, "results": dict}
+_OPTIONAL = {"mode": str, "name": str, "inputs": list, "timing": dict, "model": dict,
+             "weights_set": str, "fresh": list, "jit_eager_agree": bool, "test": str}
 
 
 @dataclasses.dataclass
@@ -258,8 +272,29 @@ def weights_root(path: Path) -> Path:
 
 def weights_name(arrays: Mapping[str, np.ndarray]) -> str:
   """A weight set's name: 16 hex digits of the SHA-256 of its paths and array digests."""
-  table = sorted((path, store.digest(value)) for path, value in arrays.items())
-  return hashlib.sha256(json.dumps(table).encode()).hexdigest()[:16]
+  return _set_name((path, store.digest(value)) for path, value in arrays.items())
+
+
+def _set_name(digests: Iterable[tuple[str, Any]]) -> str:
+  return hashlib.sha256(json.dumps(sorted(digests)).encode()).hexdigest()[:16]
+
+
+def read_weight_set(target: Path) -> Baseline:
+  """Reads the weight set at ``target``, checked against its name (its content's address).
+
+  Raises:
+    BaselineError: it is missing or damaged, or holds other weights than its name says
+      (one line naming it).
+  """
+  base = store.read_baseline(target)
+  # read_baseline checked every array against its digest: the table's digests are the arrays'.
+  held = _set_name((key, entry["digest"]) for key, entry in base.manifest["arrays"].items())
+  if base.manifest.get("kind") != WEIGHTS_KIND or held != target.name:
+    raise BaselineError(
+        f"weight set {target}: its content is not the weight set named {target.name} (it "
+        f"hashes to {held}, kind {base.manifest.get('kind')!r}): it was replaced or edited; "
+        "--nnx-regression-update rewrites it.")
+  return base
 
 
 def size_of(path: Path) -> int:
@@ -285,12 +320,14 @@ class Written:
   weights: Path | None = None
   weights_size: int = 0
   weights_new: bool = False
+  weights_note: str = ""  # why a set that was there was written again
 
   def describe(self) -> str:
     """``2.1 MB`` or ``2.1 MB, and weights 32.1 MB in _weights/<hex> (new)``."""
     text = megabytes(self.size)
     if self.weights is not None:
-      how = "written now" if self.weights_new else "shared, already stored"
+      how = self.weights_note or ("written now" if self.weights_new else
+                                  "shared, already stored")
       text += (f", and its weights {megabytes(self.weights_size)} in "
                f"{self.weights.parent.name}/{self.weights.name} ({how})")
     return text
@@ -313,16 +350,20 @@ def _fields(rec: Recording, stamp: Mapping[str, Any], *, nodeid: str, name: str,
   }
 
 
-def _store_weights(path: Path, arrays: Mapping[str, np.ndarray]) -> tuple[Path, bool]:
-  """Writes a weight set under :func:`weights_root` unless it is there; ``(its dir, new)``."""
+def _store_weights(path: Path, arrays: Mapping[str, np.ndarray]) -> tuple[Path, bool, str]:
+  """Writes a weight set under :func:`weights_root` unless it is there, whole and matching
+  its name; ``(its dir, written, why a set that was there was written again)``."""
   target = weights_root(path) / weights_name(arrays)
   try:
-    store.read_baseline(target)
-    return target, False
-  except BaselineError:
-    pass
+    read_weight_set(target)
+    return target, False, ""
+  except BaselineError as e:
+    there = (target / store.MANIFEST).exists()
+    why = "" if not there else (
+        "rewritten: its content did not match its name" if "is not the weight set named" in
+        str(e) else "rewritten: it was damaged")
   store.write_baseline(target, {"kind": WEIGHTS_KIND}, dict(arrays), force=True)
-  return target, True
+  return target, True, why
 
 
 def write(path: Path, rec: Recording, stamp: Mapping[str, Any], *, nodeid: str,
@@ -331,15 +372,15 @@ def write(path: Path, rec: Recording, stamp: Mapping[str, Any], *, nodeid: str,
 
   Removes a stale ``obtained`` file beside it.
   """
-  weights, new, weights_set = None, False, None
+  weights, new, weights_set, why = None, False, None, ""
   if rec.weight_arrays is not None:
-    weights, new = _store_weights(path, rec.weight_arrays)
+    weights, new, why = _store_weights(path, rec.weight_arrays)
     weights_set = weights.name
   store.write_baseline(path, _fields(rec, stamp, nodeid=nodeid, name=name,
                                      weights_set=weights_set),
                        {**rec.inputs, **rec.results, **disagreeing_eager(rec)}, force=True)
   remove_obtained(path)
-  return Written(size_of(path), weights, size_of(weights) if weights else 0, new)
+  return Written(size_of(path), weights, size_of(weights) if weights else 0, new, why)
 
 
 def disagreeing_eager(rec: Recording) -> dict[str, np.ndarray]:
@@ -354,18 +395,37 @@ def disagreeing_eager(rec: Recording) -> dict[str, np.ndarray]:
                                                        rec.tolerances[key]).passed}
 
 
-def obtained_path(path: Path) -> Path:
-  """Where a failing check writes what it obtained: ``<name>.obtained`` beside the baseline."""
-  return Path(f"{path}{OBTAINED_SUFFIX}")
+_SCRATCH: list[Path] = []  # this process's directory of check-only obtained files, once made
+
+
+def obtained_path(path: Path, *, check_only: bool = False) -> Path:
+  """Where a failing check writes what it obtained: ``<name>.obtained`` beside the baseline.
+
+  With ``check_only``, never in the tree: ``<tmp>/<dir>-<8 hex>/<name>.obtained`` in a
+  temporary directory this process makes once (``nnx-regression-obtained-*``, left for
+  ``report`` to read; the 8 hex digits tell apart two baseline directories of one name).
+  """
+  path = Path(path)
+  if not check_only:
+    return Path(f"{path}{OBTAINED_SUFFIX}")
+  if not _SCRATCH:
+    _SCRATCH.append(Path(tempfile.mkdtemp(prefix="nnx-regression-obtained-")))
+  where = hashlib.sha256(str(path.parent.absolute()).encode()).hexdigest()[:8]
+  return _SCRATCH[0] / f"{path.parent.name}-{where}" / f"{path.name}{OBTAINED_SUFFIX}"
 
 
 def write_obtained(path: Path, rec: Recording, stamp: Mapping[str, Any], *, nodeid: str,
-                   name: str) -> Path:
-  """Writes this run's results (jit and eager) beside the baseline at ``path``."""
+                   name: str, check_only: bool = False) -> Path:
+  """Writes this run's results (jit and eager) beside the baseline at ``path`` (with
+  ``check_only``, in a temporary directory: :func:`obtained_path`); returns where.
+
+  Raises:
+    OSError: it could not be written (a read-only tree, a full disk).
+  """
   fields = _fields(rec, stamp, nodeid=nodeid, name=name, weights_set=rec.weights_set)
   fields.update(kind=OBTAINED_KIND, fresh=rec.fresh)
   eager = {eager_key(k): v for k, v in rec.eager.items()}
-  out = obtained_path(path)
+  out = obtained_path(path, check_only=check_only)
   store.write_baseline(out, fields, {**rec.inputs, **rec.results, **eager}, force=True)
   return out
 
@@ -374,7 +434,7 @@ def remove_obtained(path: Path) -> None:
   """Removes the ``obtained`` file of a baseline, if it is one (nothing else is touched)."""
   out = obtained_path(path)
   try:
-    manifest = json.loads((out / store.MANIFEST).read_text())
+    manifest = store.parse_json((out / store.MANIFEST).read_bytes())
   except (OSError, ValueError):
     return
   if isinstance(manifest, dict) and manifest.get("kind") == OBTAINED_KIND:
@@ -392,8 +452,11 @@ def load_weight_set(path: Path, manifest: Mapping[str, Any]) -> tuple[str, dict[
     raise BaselineError(
         f"baseline {path}: holds no stored weights (it was recorded without store_params=True); "
         "pass --nnx-regression-update to store them.")
+  if not isinstance(name, str) or not re.fullmatch(r"[0-9a-f]{16}", name):
+    raise BaselineError(f"baseline {path}: names the weight set {name!r}, which is no weight "
+                        f"set's name (16 hex digits); {_REDO}.")
   try:
-    base = store.read_baseline(weights_root(path) / name)
+    base = read_weight_set(weights_root(path) / name)
   except BaselineError as e:
     raise BaselineError(f"{e} (the weights of baseline {path})") from None
   return name, base.arrays
@@ -413,7 +476,24 @@ def load(path: Path) -> Baseline:
   if base.manifest.get("kind") != KIND:
     raise BaselineError(f"baseline {path}: is not a pytest fixture baseline (kind "
                         f"{base.manifest.get('kind')!r}).")
+  check_fields(path, base.manifest)
   return base
+
+
+def check_fields(path: Path, manifest: Mapping[str, Any]) -> None:
+  """Raises the one-line BaselineError where a fixture manifest lacks a field or holds one of
+  another type (a manifest edited and sealed again, or written by another tool)."""
+  for field, kind in (*_FIELDS.items(), *_OPTIONAL.items()):
+    value = manifest.get(field)
+    if value is None and field in _OPTIONAL:
+      continue
+    if not isinstance(value, kind):
+      got = "nothing" if value is None else type(value).__name__
+      raise BaselineError(f"baseline {path}: its {store.MANIFEST} field {field!r} holds {got}, "
+                          f"not a {kind.__name__}; {_REDO}.")
+  if not all(isinstance(t, dict) for t in manifest["results"].values()):
+    raise BaselineError(f"baseline {path}: its {store.MANIFEST} field 'results' holds an "
+                        f"entry that is not a dict; {_REDO}.")
 
 
 def _result_keys(manifest: Mapping[str, Any]) -> list[str]:
@@ -580,30 +660,34 @@ def _input_problems(stored: Mapping[str, np.ndarray], rec: Recording) -> list[st
   return problems
 
 
-def report_from_disk(path: str | os.PathLike) -> Report:
+def report_from_disk(path: str | os.PathLike, obtained: str | os.PathLike | None = None
+                     ) -> Report:
   """The report of the last failing check of the baseline at ``path``, from its files alone.
 
-  Reads the baseline and the ``obtained`` file a failing check wrote beside it, and compares
-  them as the check did.
+  Reads the baseline and the ``obtained`` file a failing check wrote beside it (or at
+  ``obtained``, where a check-only run wrote it), and compares them as the check did.
 
   Raises:
     BaselineError: either is missing or damaged.
   """
   path = Path(path)
   base = load(path)
-  out = obtained_path(path)
+  out = obtained_path(path) if obtained is None else Path(obtained)
   if not (out / store.MANIFEST).exists():
-    raise BaselineError(f"baseline {path}: no obtained results beside it ({out.name}): a "
-                        "failing check writes them; run the test first.")
+    where = (f"no obtained results beside it ({out.name}): a failing check writes them; run "
+             "the test first" if obtained is None else f"no obtained results in {out}")
+    raise BaselineError(f"baseline {path}: {where}.")
   got = store.read_baseline(out)
   manifest = got.manifest
   if manifest.get("kind") != OBTAINED_KIND:
-    raise BaselineError(f"baseline {path}: {out.name} is not an obtained file.")
-  rec = Recording(manifest.get("mode", "check"), model=manifest.get("model"),
+    raise BaselineError(f"baseline {path}: {out} is not an obtained file (kind "
+                        f"{manifest.get('kind')!r}).")
+  check_fields(out, manifest)
+  timing = manifest.get("timing") or {}
+  rec = Recording(manifest.get("mode") or "check", model=manifest.get("model"),
                   fresh=manifest.get("fresh"), weights_set=manifest.get("weights_set"),
                   jit_eager_agree=bool(manifest.get("jit_eager_agree")),
-                  compile_s=manifest["timing"].get("compile_s"),
-                  steady_s=manifest["timing"].get("steady_s"))
+                  compile_s=timing.get("compile_s"), steady_s=timing.get("steady_s"))
   for key, value in got.arrays.items():
     if key.startswith("input/"):
       rec.inputs[key] = value
@@ -612,23 +696,30 @@ def report_from_disk(path: str | os.PathLike) -> Report:
   for key in rec.results:
     if eager_key(key) in got.arrays:
       rec.eager[key] = got.arrays[eager_key(key)]
-  rec.tolerances = {k: Tolerance.from_json(t) for k, t in manifest["results"].items()}
-  return compare(base, rec, manifest.get("stamp", {}), name=manifest.get("name", path.name))
+  try:
+    rec.tolerances = {k: Tolerance.from_json(t) for k, t in manifest["results"].items()}
+    return compare(base, rec, manifest["stamp"], name=manifest.get("name") or path.name)
+  except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+    # Both files passed their checksums: a field within them is not what the kit writes.
+    raise BaselineError(f"baseline {path}: it or {out} holds a field the comparison cannot "
+                        f"read ({type(e).__name__}: {e}); {_REDO}.") from None
 
 
-def session_report(baselines: Sequence[str | os.PathLike]) -> Report:
+def session_report(baselines: Sequence[str | os.PathLike | tuple[Any, Any]]) -> Report:
   """One report of several failing checks (a pytest session's), from their files.
 
-  Rows, headline lines and notes are prefixed with each baseline's ``<module>/<name>``; the
-  stamps are those of the first check (one session has one environment; a baseline
-  recorded elsewhere says so in its notes).
+  Each item is a baseline's path, whose obtained file lies beside it, or ``(path,
+  obtained)`` where a check-only run wrote it elsewhere. Rows, headline lines and notes are
+  prefixed with each baseline's ``<module>/<name>``; the stamps are those of the first check
+  (one session has one environment; a baseline recorded elsewhere says so in its notes).
   """
   report = Report(command="check", unit="arrays")
-  for path in baselines:
+  for item in baselines:
+    path, obtained = item if isinstance(item, tuple) else (item, None)
     path = Path(path)
     label = f"{path.parent.name}/{path.name}"
     try:
-      one = report_from_disk(path)
+      one = report_from_disk(path, obtained)
     except BaselineError as e:
       report.notes.append(f"{label}: {e}")
       continue

@@ -19,9 +19,10 @@ Commands:
   and only in a source checkout: an installed package is never written.
 * ``diff A B [--json OUT]``: compares two recorded baselines.
 * ``info [--json OUT]``: prints the current environment stamp.
-* ``report DIR [--json OUT] [--html OUT]``: the report of the last failing check of a
-  pytest fixture baseline, from the baseline and the ``DIR.obtained`` file that check
-  wrote beside it, without running the model.
+* ``report DIR [--obtained OBTAINED] [--json OUT] [--html OUT]``: the report of the last
+  failing check of a pytest fixture baseline, from the baseline and the ``DIR.obtained``
+  file that check wrote beside it (or ``OBTAINED``, where a check-only run wrote it),
+  without running the model.
 * ``rehearse REQ... [--baseline DIR] [--json OUT] [--html OUT] [--timing] [-k PATTERN]
   [--dry-run] [--resolve] [--no-cache] [--no-batch] [--pytest [PATH...] [-- ARG...]]``:
   runs ``check`` in a
@@ -55,7 +56,8 @@ raising, a case failed to run, or the baseline is out of date (NEW, GONE,
 STALE cases); 2 the batch could not be imported or built (with its
 traceback), the baseline is missing, damaged, of a newer format, or may not
 be written (including a full disk), or too few devices, or a ``--json`` or ``--html``
-file cannot be written (checked before anything runs, and again when it is written),
+file cannot be written or lies inside a baseline's directory (checked before anything runs,
+and again when it is written),
 with a one-line reason on stderr. ``rehearse`` exits with ``check``'s code, or 2 with a one-line
 reason naming the requirement pip could not install; with ``--pytest``, with the worse
 of that and pytest's (failed tests 1; no tests collected, a usage error or an
@@ -73,6 +75,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -81,7 +84,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from nnx_pool.regression import html, rehearse, rehearse_cache
+from nnx_pool.regression import html, rehearse, rehearse_cache, store
 from nnx_pool.regression.report import Report, render, write_json
 from nnx_pool.regression.stamp import SHIPPED, source_checkout
 
@@ -165,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
       epilog="Exit codes: 0 the obtained results pass, 1 they differ, 2 a missing or damaged "
              "baseline or obtained file.")
   p.add_argument("baseline", metavar="DIR", help="the fixture baseline directory")
+  p.add_argument("--obtained", metavar="OBTAINED",
+                 help="the obtained file to compare (default: DIR.obtained beside it; a check "
+                      "run with NNX_REGRESSION_CHECK_ONLY names the one it wrote)")
   add_json(p)
   p.add_argument("--html", metavar="OUT", help="also write the HTML page to OUT (needs "
                  f"matplotlib: {html.INSTALL})")
@@ -269,7 +275,7 @@ def run(
   if args.command == "diff":
     return commands.diff(args.a, args.b)
   if args.command == "report":
-    return _fixture_report(args.baseline)
+    return _fixture_report(args.baseline, args.obtained)
   if args.command == "record" and args.out is None:
     if source_checkout() is None:
       return Report(command="record", exit_code=2, error=(
@@ -288,13 +294,13 @@ def run(
   )
 
 
-def _fixture_report(path: str) -> Report:
-  """``report DIR``: the comparison of a fixture baseline with its obtained file."""
+def _fixture_report(path: str, obtained: str | None = None) -> Report:
+  """``report DIR [--obtained OBTAINED]``: a fixture baseline against its obtained file."""
   from nnx_pool.regression._fixture_core import report_from_disk
   from nnx_pool.regression.store import BaselineError
 
   try:
-    return report_from_disk(path)
+    return report_from_disk(path, obtained)
   except BaselineError as e:
     return Report(command="check", exit_code=2, error=str(e))
 
@@ -389,6 +395,11 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
   if argv[:1] == ["rehearse"] and "--" in argv:  # pytest's own options, untouched
     cut = argv.index("--")
     argv, handed = argv[:cut], argv[cut + 1:]
+  if argv[:1] == ["rehearse"]:
+    problem = _forgotten_dashes(argv, handed)
+    if problem:
+      print(f"error: rehearse: {problem}", file=sys.stderr)
+      return 2
   args = _parser().parse_args(argv)
   if args.command == "rehearse":
     problem = _pytest_problem(args, handed)
@@ -445,6 +456,42 @@ def _write_json(report: Report, path: str | None) -> bool:
           "there is unchanged.", file=sys.stderr)
     return False
   return True
+
+
+# rehearse's options that pytest has no option of the same name for, and whether each takes
+# a value: after --pytest, any other option (-k, -x, --html, ...) is taken for pytest's.
+_REHEARSE_ONLY = {"--baseline": True, "--dry-run": False, "--timing": False, "--json": True,
+                  "--resolve": False, "--clear-cache": False, "--no-cache": False,
+                  "--no-batch": False}
+
+
+def _forgotten_dashes(argv: Sequence[str], handed: Sequence[str]) -> str | None:
+  """The refusal of a pytest option given after ``--pytest`` but before ``--`` (issue 29):
+  argparse would read ``-k logits`` as the kit's case filter, and pytest would run every
+  test. Names ``--`` and shows the command corrected; None when there is no such option."""
+  if "--pytest" not in argv:
+    return None
+  start = argv.index("--pytest") + 1
+  before, paths, moved = list(argv[:start - 1]), [], []
+  rest = list(argv[start:])
+  while rest:
+    token = rest.pop(0)
+    flag = token.split("=", 1)[0]
+    if flag in _REHEARSE_ONLY:  # rehearse's own: before --pytest, with its value
+      before.append(token)
+      if _REHEARSE_ONLY[flag] and "=" not in token and rest:
+        before.append(rest.pop(0))
+    elif moved or (token.startswith("-") and token != "-"):  # pytest's, and what follows
+      moved.append(token)
+    else:
+      paths.append(token)
+  if not moved:
+    return None
+  fixed = shlex.join(["nnx-pool-regression", *before, "--pytest", *paths, "--", *moved,
+                      *handed])
+  return (f"{moved[0]} comes after --pytest but before --, where rehearse reads the options, "
+          f"not pytest (a -k there selected none of the kit's cases, and pytest ran every "
+          f"test); pytest's options go after a --: {fixed}")
 
 
 def _pytest_problem(args: argparse.Namespace, handed: Sequence[str]) -> str | None:
@@ -582,6 +629,19 @@ def _output_problem(flag: str, path: str) -> str | None:
     return f"{flag} {path}: directory {out.parent} does not exist."
   if not os.access(out.parent, os.W_OK | os.X_OK):
     return f"{flag} {path}: directory {out.parent} is not writable."
+  baseline = _baseline_around(out)
+  if baseline is not None:
+    return (f"{flag} {path}: lies inside {baseline}, a baseline's directory (or an obtained "
+            "file's), which holds the kit's own files only; write it elsewhere.")
+  return None
+
+
+def _baseline_around(out: Path) -> Path | None:
+  """The baseline (or obtained, or weight set) directory that ``out`` would be written
+  into, directly or below; None when no directory above it is one."""
+  for directory in out.resolve().parents:
+    if (directory / store.MANIFEST).is_file() and store.stored_format_version(directory):
+      return directory
   return None
 
 

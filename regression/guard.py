@@ -27,7 +27,7 @@ from typing import Any
 from flax import nnx
 
 from nnx_pool.regression import _fixture_core as core
-from nnx_pool.regression.constants import CHECK_ONLY_ENV, NAME
+from nnx_pool.regression.constants import CHECK_ONLY_ENV, NAME, WEIGHTS_DIR, baseline_name_problem
 from nnx_pool.regression.report import Report, render
 from nnx_pool.regression.stamp import collect_stamp
 from nnx_pool.regression.store import BaselineError
@@ -180,7 +180,16 @@ class Guard:
   def _run(self, name: str, allow_nonfinite: bool, store_params: bool,
            execute: Callable[[Any], core.Recording]) -> Outcome:
     __tracebackhide__ = True
+    problem = baseline_name_problem(name)
+    if problem:
+      raise ValueError(problem)
+    if self.directory.name.lower() == WEIGHTS_DIR:
+      raise ValueError(f"`directory` {self.directory} is named {WEIGHTS_DIR!r}, where the "
+                       "stored weight sets of the baselines beside it lie; choose another.")
     path = self.path_for(name)
+    if self.check_only and self.update:
+      raise self._refuse(path, f"update=True writes baselines, and check_only ({CHECK_ONLY_ENV})"
+                         " forbids it; drop one of the two.")
     exists = (path / "manifest.json").exists()
     if not exists and self.check_only:
       raise self._refuse(path, (
@@ -209,7 +218,11 @@ class Guard:
       raise self._refuse(path, (
           f"{name!r} was not recorded: its outputs are not all finite ({nonfinite}). Fix the "
           "model, or pass allow_nonfinite=True if they should be."))
-    written = core.write(path, rec, self.stamp, nodeid=self.test, name=name)
+    try:
+      written = core.write(path, rec, self.stamp, nodeid=self.test, name=name)
+    except OSError as e:  # a read-only tree, a full disk, a directory holding other files
+      raise self._refuse(path, f"{name!r} was not recorded: could not write {path} "
+                         f"({e.strerror or e}); nothing was replaced.") from None
     if exists:
       return Outcome("updated", path, f"nnx_regression: updated {name!r} at {path} "
                      f"({written.describe()}).", written=written)
@@ -228,12 +241,33 @@ class Guard:
                           "without it): the model ran on its own; pass --nnx-regression-update "
                           "to store them")
     if report.exit_code == 0:
-      core.remove_obtained(path)
+      if not self.check_only:  # check-only mode writes and removes nothing in the tree
+        core.remove_obtained(path)
       return Outcome("passed", path, report=report)
-    obtained = core.write_obtained(path, rec, self.stamp, nodeid=self.test, name=name)
-    report.notes.append(
-        f"what this run obtained is in {obtained}: `nnx-pool-regression report {path} --html "
-        "OUT` draws this report again")
+    obtained = self._keep_obtained(name, path, rec, report)
     message = (f"nnx_regression: {name!r} differs from its baseline {path}\n"
                f"{render(report, limit=MAX_ROWS)}")
     raise RegressionFailure(Outcome("failed", path, message, report, obtained=obtained))
+
+  def _keep_obtained(self, name: str, path: Path, rec: core.Recording,
+                     report: Report) -> Path | None:
+    """Writes what a failing check obtained, and says where in a note of the report; a write
+    that fails is that one note, and the report stays whole. In check-only mode the file
+    goes to a temporary directory, never beside the baseline."""
+    where = None if self.check_only else core.obtained_path(path)
+    try:
+      obtained = core.write_obtained(path, rec, self.stamp, nodeid=self.test, name=name,
+                                     check_only=self.check_only)
+    except OSError as e:  # a read-only tree, a full disk: the report matters more
+      report.notes.append(
+          f"what this run obtained was not written ({where or 'a temporary directory'}: "
+          f"{e.strerror or e}); the report above is whole, but `nnx-pool-regression report` "
+          "cannot draw it again")
+      return None
+    again = (f"`nnx-pool-regression report {path} --html OUT`" if not self.check_only else
+             f"`nnx-pool-regression report {path} --obtained {obtained} --html OUT`")
+    kept = (f" ({CHECK_ONLY_ENV} is set: nothing was written beside the baseline)"
+            if self.check_only else "")
+    report.notes.append(f"what this run obtained is in {obtained}{kept}: {again} draws this "
+                        "report again")
+    return obtained

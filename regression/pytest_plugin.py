@@ -22,9 +22,10 @@ Options:
 
 * ``--nnx-regression-update`` rewrites the baselines of the tests that run.
 * ``NNX_REGRESSION_CHECK_ONLY=1`` in the environment (:data:`CHECK_ONLY_ENV`) forbids
-  writing: a missing baseline fails its test and nothing is written, and
+  writing: a missing baseline fails its test and nothing is written, a failing check's
+  obtained results go to a temporary directory (the report names it), and
   ``--nnx-regression-update`` is a usage error. ``rehearse --pytest`` runs your tests
-  this way, so that a rehearsal never records a baseline.
+  this way, so that a rehearsal never writes into the tree.
 
 At the end of a session, the terminal summary lists baselines written or
 updated, and baselines next to the test modules that ran which no test used
@@ -36,20 +37,27 @@ Register with the ``pytest11`` entry point, or ``-p nnx_pool.regression.pytest_p
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nnx_pool.regression.constants import CHECK_ONLY_ENV, NAME
+from nnx_pool.regression.constants import CHECK_ONLY_ENV, OBTAINED_SUFFIX, baseline_name_problem
 
 KIND = "pytest"
 DIRNAME = "_regression"
-OBTAINED = "nnx_regression_obtained"  # the user property naming a failing check's baseline
-_OBTAINED_SUFFIX = ".obtained"
-_WEIGHTS = "_weights"
+# The user property of a failing check: [its baseline, where what it obtained was written].
+OBTAINED = "nnx_regression_obtained"
+# Under pytest-xdist: the directory (made by the controller, handed to each worker) in which
+# every worker claims the baselines its tests use, so that two tests of two workers cannot
+# use one name; the key of pytest-xdist's workerinput that names it.
+_CLAIMS = "nnx_regression_claims"
 
 
 @dataclasses.dataclass
@@ -65,7 +73,10 @@ class _SessionState:
   partial: set[Path] = dataclasses.field(default_factory=set)
   not_passed: set[str] = dataclasses.field(default_factory=set)
   wrote: set[str] = dataclasses.field(default_factory=set)  # tests that recorded a new name
-  failed_checks: list[Path] = dataclasses.field(default_factory=list)
+  # Each failing check's baseline, and where what it obtained lies (None: beside it).
+  failed_checks: list[tuple[Path, Path | None]] = dataclasses.field(default_factory=list)
+  claims: Path | None = None  # pytest-xdist: see _CLAIMS
+  own_claims: bool = False  # this process made `claims` (the controller), and removes it
   stopped_early: bool = False
   stamp: dict[str, Any] | None = None
   page: str | None = None
@@ -116,8 +127,47 @@ def pytest_configure(config: pytest.Config) -> None:
     problem = _page_problem(page, state.html)
     if problem:
       raise pytest.UsageError(problem)
+  workerinput = getattr(config, "workerinput", None)
+  if workerinput is not None and workerinput.get(_CLAIMS):
+    state.claims = Path(workerinput[_CLAIMS])
   config.stash[_STATE] = state
   config.pluginmanager.register(_Tracker(state), "nnx-regression-tracker")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+  """pytest-xdist's controller, starting a worker: hands it the directory of claims."""
+  state = node.config.stash.get(_STATE, None)
+  if state is None:
+    return
+  if state.claims is None:
+    state.claims, state.own_claims = Path(tempfile.mkdtemp(prefix="nnx-regression-claims-")), True
+  node.workerinput[_CLAIMS] = str(state.claims)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+  state = config.stash.get(_STATE, None)
+  if state is not None and state.own_claims and state.claims is not None:
+    shutil.rmtree(state.claims, ignore_errors=True)
+
+
+def _claim(claims: Path, key: Path, nodeid: str) -> str | None:
+  """Claims the baseline ``key`` for ``nodeid`` across pytest-xdist's workers; returns the
+  test that claimed it first when that is another one (the file's creation is atomic)."""
+  claim = claims / hashlib.sha256(str(key).encode()).hexdigest()[:32]
+  try:
+    fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+  except FileExistsError:
+    holder = ""
+    for _ in range(100):  # the claimant writes its test id right after creating the file
+      holder = claim.read_text(encoding="utf-8")
+      if holder:
+        break
+      time.sleep(0.01)
+    return None if holder == nodeid else holder or "a test of another pytest-xdist worker"
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    f.write(nodeid)
+  return None
 
 
 def _page_problem(given: str, page: Path) -> str | None:
@@ -170,8 +220,12 @@ class _Tracker:
     if report.failed or report.skipped:
       self.state.not_passed.add(report.nodeid)
     for name, value in getattr(report, "user_properties", ()):
-      if name == OBTAINED and Path(value) not in self.state.failed_checks:
-        self.state.failed_checks.append(Path(value))
+      if name != OBTAINED:
+        continue
+      baseline, obtained = value if isinstance(value, (list, tuple)) else (value, None)
+      check = (Path(baseline), None if obtained is None else Path(obtained))
+      if check not in self.state.failed_checks:
+        self.state.failed_checks.append(check)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -181,8 +235,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state.page = write_page(state.failed_checks, state.html)
 
 
-def write_page(baselines: list[Path], page: Path) -> str:
-  """Writes the HTML page of the failing checks whose baselines are listed; what to print."""
+def write_page(baselines: list[Any], page: Path) -> str:
+  """Writes the HTML page of the failing checks listed (each a baseline's path, or ``(path,
+  obtained)``); what to print."""
   from nnx_pool.regression import html
   from nnx_pool.regression._fixture_core import session_report
 
@@ -199,14 +254,14 @@ def _baselines_under(root: Path) -> list[Path]:
   if not root.is_dir():
     return []
   return sorted(p for p in root.iterdir()
-                if not p.name.endswith(_OBTAINED_SUFFIX) and (p / "manifest.json").is_file())
+                if not p.name.endswith(OBTAINED_SUFFIX) and (p / "manifest.json").is_file())
 
 
 def _recorded_by(baseline: Path) -> str | None:
   """The test id a baseline's manifest says recorded it (None if unreadable)."""
   try:
     test = json.loads((baseline / "manifest.json").read_text()).get("test")
-  except (OSError, ValueError, AttributeError):
+  except (OSError, ValueError, AttributeError, RecursionError):  # damaged: check says how
     return None
   return test if isinstance(test, str) else None
 
@@ -332,15 +387,20 @@ class Regression:
 
   def _run(self, name: str, call: Any) -> None:
     __tracebackhide__ = True
-    if not isinstance(name, str) or not NAME.match(name):
-      raise ValueError(f"`name` must be letters, digits and _.- only; got {name!r}.")
+    problem = baseline_name_problem(name)
+    if problem:
+      raise ValueError(problem)
     path = self.path_for(name)
     key = path.resolve()
     nodeid = self._request.node.nodeid
-    if key in self._state.used:
+    holder = self._state.used.get(key)
+    if holder is None and self._state.claims is not None:  # another pytest-xdist worker's?
+      holder = _claim(self._state.claims, key, nodeid)
+    if holder is not None:
       raise ValueError(
-          f"`name` {name!r} is already used by {self._state.used[key]} in this session; "
-          "baseline names must be unique within a test module."
+          f"`name` {name!r} is already used by {holder} in this session; baseline names "
+          f"must be unique within a test module (rename the check of {nodeid} or of "
+          f"{holder}). Nothing was compared or written."
       )
     self._state.used[key] = nodeid
     from nnx_pool.regression.guard import Guard, RegressionFailure
@@ -351,11 +411,15 @@ class Regression:
       self._state.stamp = collect_stamp(git_dir=self._request.config.rootpath)
     guard = Guard(path.parent, update=self._state.update, check_only=self._state.check_only,
                   test=nodeid, stamp=self._state.stamp)
+    failure = None
     try:
       outcome = call(guard)
-    except RegressionFailure as failure:
+    except RegressionFailure as e:
+      failure = e
+    if failure is not None:  # failed outside the except block: no chained copy of the report
       if failure.outcome.obtained is not None:
-        self._request.node.user_properties.append((OBTAINED, str(failure.outcome.path)))
+        self._request.node.user_properties.append(
+            (OBTAINED, [str(failure.outcome.path), str(failure.outcome.obtained)]))
       pytest.fail(str(failure), pytrace=False)
     if outcome.status == "updated":
       self._state.updated.append((path, outcome.written.describe()))

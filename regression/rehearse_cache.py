@@ -8,21 +8,36 @@ them (:data:`KEEP_ENV` changes it); :func:`clear_cache` empties it. A run holds 
 entry's lock (:func:`take`, :mod:`nnx_pool.regression.lock`) from before the build to the
 end of the run, so a second rehearsal of the same set waits and then reuses it, and no
 clean-up removes an environment in use.
+
+**Nothing planted runs.** An entry is used only with its :data:`MANIFEST`, written last, once
+its environment is complete (:func:`write_manifest`), holding the digests of the resolved
+requirement set and of the nnx-pool installed there; an entry without a valid one is
+rebuilt, its environment removed unrun (:mod:`nnx_pool.regression.rehearse_env`). On POSIX,
+the cache directory and each entry are made ``0700`` and refused (:func:`check_private`)
+when another user owns them or may write to them: anyone who can write there could plant an
+environment, and a manifest with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import shutil
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from nnx_pool.regression import lock, store
 from nnx_pool.regression.rehearse_plan import RehearsalError
+
+MANIFEST = "manifest.json"  # a cache entry's manifest, written last (write_manifest)
+MANIFEST_FORMAT = "nnx-pool-rehearsal"
+MANIFEST_LAYOUT = 1
 
 CACHE_ENV = "NNX_POOL_CACHE"
 KEEP_ENV = "NNX_POOL_REHEARSE_KEEP"  # how many environments the cache keeps
@@ -153,10 +168,84 @@ def clear_cache(root: Path | None = None) -> Cleared:
   return Cleared(root, removed, freed, busy)
 
 
+def make_private(path: Path) -> None:
+  """Creates ``path`` and any missing directory above it, each ``0700`` (only this user)."""
+  missing = []
+  for directory in (path, *path.parents):
+    if directory.exists():
+      break
+    missing.append(directory)
+  for directory in reversed(missing):
+    with contextlib.suppress(FileExistsError):  # another rehearsal made it meanwhile
+      os.mkdir(directory, 0o700)
+
+
+def check_private(path: Path) -> None:
+  """Refuses (RehearsalError) a cache directory another user owns or may write to (POSIX).
+
+  Anyone who may write to it could put an environment there whose ``bin/python`` a
+  rehearsal would run, and a manifest with it. Windows has no such modes: nothing is checked.
+  """
+  if not hasattr(os, "geteuid"):
+    return
+  info = path.stat()
+  owner = f"user {info.st_uid}, not you (user {os.geteuid()})" if info.st_uid != os.geteuid() \
+      else None
+  writers = [who for who, bit in (("its group", stat.S_IWGRP), ("every user", stat.S_IWOTH))
+             if info.st_mode & bit]
+  if owner is None and not writers:
+    return
+  why = f"is owned by {owner}" if owner else (
+      f"may be written by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):04o})")
+  fix = (f"run `chmod go-w {path}`, or " if not owner else "") + (
+      f"set {CACHE_ENV} to a directory of your own")
+  raise RehearsalError(
+      f"rehearse: the cache directory {shown(path)} {why}: another user could put an "
+      f"environment there that rehearse would run; {fix}.")
+
+
+def read_manifest(entry: Path) -> dict[str, Any] | None:
+  """The manifest of a cache entry when it is one this version wrote for it, else None."""
+  try:
+    data = store.parse_json((entry / MANIFEST).read_bytes())
+  except (OSError, ValueError):
+    return None
+  if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or data.get(
+      "layout") != MANIFEST_LAYOUT or data.get("key") != entry.name:
+    return None
+  kinds = {"requirements": str, "resolved": dict, "source": str, "requires": list,
+           "unfollowed": list}
+  if not all(isinstance(data.get(field), kind) for field, kind in kinds.items()):
+    return None
+  return data
+
+
+def write_manifest(entry: Path, fields: Mapping[str, Any]) -> None:
+  """Writes an entry's manifest (atomically): the last step of a build or an update."""
+  data = {"format": MANIFEST_FORMAT, "layout": MANIFEST_LAYOUT, "key": entry.name, **fields}
+  store.write_atomic(entry / MANIFEST, (json.dumps(data, indent=1, sort_keys=True) + "\n")
+                     .encode())
+
+
+def drop_manifest(entry: Path) -> None:
+  """Removes an entry's manifest: the first step of a build or an update, so that one that
+  stops halfway leaves an entry that is rebuilt, never used."""
+  (entry / MANIFEST).unlink(missing_ok=True)
+
+
 def take(entry: Path, waiting: Callable[[], None]) -> lock.Held:
-  """The lock of a cache entry, created where missing; waits for another rehearsal using it."""
+  """The lock of a cache entry, created (``0700``) where missing; waits for another rehearsal
+  using it.
+
+  Raises:
+    RehearsalError: the cache directory or the entry is another user's or writable by
+      others (:func:`check_private`).
+  """
   for _ in range(3):
-    entry.mkdir(parents=True, exist_ok=True)
+    make_private(entry.parent)
+    check_private(entry.parent)
+    make_private(entry)
+    check_private(entry)
     try:
       return lock.exclusive(entry, waiting=waiting)
     except FileNotFoundError:  # lock.Gone too: a clean-up removed it meanwhile; make it again

@@ -6,7 +6,11 @@ nnx-pool (:mod:`nnx_pool.regression.rehearse_source`), under the plan's constrai
 :func:`prepare` does the same for a cache entry, or brings the environment it holds up to
 date: reinstalled (``--no-deps``) when this nnx-pool changed, and brought back to this
 environment's pins (``pip install`` again) when one of them moved since it was built
-(:func:`stale_pins`). :func:`run_check` and :func:`run_pytest` then run ``check`` and the
+(:func:`stale_pins`). It uses a cached environment only with the entry's manifest
+(:mod:`nnx_pool.regression.rehearse_cache`), and only while the requirement set resolves
+as it did: the content of each ``file://`` location, and the versions pip chooses for a
+range (:func:`pip_choices`); otherwise it builds the environment again, never running what
+was there. :func:`run_check` and :func:`run_pytest` then run ``check`` and the
 user's tests there.
 
 **Never this environment.** Every subprocess runs the rehearsal environment's
@@ -17,8 +21,8 @@ interpreter (:func:`interpreter`), with ``PYTHONPATH``, ``PYTHONHOME`` and pip's
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -34,7 +38,7 @@ from typing import Any, Protocol
 from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 
-from nnx_pool.regression import store
+from nnx_pool.regression import rehearse_cache, store
 from nnx_pool.regression.constants import CHECK_ONLY_ENV
 from nnx_pool.regression.pip_messages import pip_failure
 from nnx_pool.regression.rehearse_cache import ENV_DIR, shown
@@ -43,14 +47,14 @@ from nnx_pool.regression.rehearse_plan import (
     Plan,
     RehearsalError,
     admits,
+    chosen_by_pip,
     first_copies,
+    local_locations,
     normalise,
 )
-from nnx_pool.regression.rehearse_source import Source
+from nnx_pool.regression.rehearse_source import Source, location_digest
 
 _UNSET_ENV = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT")
-# In an environment: which nnx-pool is installed there (Source.digest) and its dependencies.
-_SOURCE_STAMP = "nnx-pool-source.json"
 
 
 class StepProgress(Protocol):
@@ -152,21 +156,9 @@ class Job:
   pins: Mapping[str, str]
 
 
-def _read_stamp(env: Path) -> dict[str, Any]:
-  with contextlib.suppress(OSError, ValueError):
-    stamp = json.loads((env / _SOURCE_STAMP).read_text())
-    if isinstance(stamp, dict):
-      return stamp
-  return {}
-
-
-def _write_stamp(env: Path, digest: str | None, requires: Sequence[str]) -> None:
-  stamp = {"source": digest, "requires": sorted(requires)}
-  store.write_atomic(env / _SOURCE_STAMP, store.canonical_json(stamp).encode())
-
-
-def _install(env: Path, job: Job, what: str) -> None:
-  """``pip install`` of the plan and nnx-pool, under the constraints; stamps what it installed."""
+def _install(env: Path, job: Job, what: str) -> str:
+  """``pip install`` of the plan and nnx-pool, under the constraints; returns the digest of the
+  nnx-pool it installed."""
   plan = job.plan
   constraints, requirements = env / "rehearsal-constraints.txt", env / "rehearsal-requirements.txt"
   store.write_atomic(constraints, "".join(f"{c}\n" for c in plan.constraints).encode())
@@ -178,35 +170,43 @@ def _install(env: Path, job: Job, what: str) -> None:
                          on_line=lambda line: job.steps.show(f"pip: {line}"))
   if code:
     raise RehearsalError(pip_failure(output, plan.changes, job.pins, resolve=plan.resolve))
-  _write_stamp(env, snapshot.digest, job.source.requires)
+  return snapshot.digest
 
 
-def build(env: Path, job: Job) -> None:
-  """Creates the environment at ``env`` and installs the plan there; raises RehearsalError."""
+def build(env: Path, job: Job) -> str:
+  """Creates the environment at ``env`` and installs the plan there; returns the digest of the
+  nnx-pool installed. Raises RehearsalError."""
   job.steps.next("creating a virtual environment (python -m venv)")
   try:
     venv.EnvBuilder(with_pip=True, symlinks=os.name != "nt").create(env)
   except (OSError, subprocess.CalledProcessError) as e:
     raise RehearsalError(f"rehearse: could not create a virtual environment with pip in "
                          f"{shown(env)} ({e}).") from e
-  _install(env, job, f"installing {' '.join(job.plan.requirements)} and nnx-pool (pip)")
+  return _install(env, job, f"installing {' '.join(job.plan.requirements)} and nnx-pool (pip)")
 
 
-def _outdated(env: Path, job: Job) -> tuple[list[str], bool]:
-  """What a cached environment lacks: pins that moved here (or new dependencies), a new nnx-pool."""
-  stamp = _read_stamp(env)
-  moved = stale_pins(environment_versions(env), job.plan.constraints)
-  if stamp.get("requires") != sorted(job.source.requires):
+def _outdated(env: Path, job: Job, manifest: Mapping[str, Any]) -> tuple[list[str], bool]:
+  """What a cached environment lacks: pins that moved here (or new dependencies), a new nnx-pool.
+
+  A pin the last install left unfollowed (the environment's own pip, which nothing the plan
+  installs requires, is older than this one's) is not a move.
+  """
+  unfollowed = set(manifest["unfollowed"])
+  moved = [line for line in stale_pins(environment_versions(env), job.plan.constraints)
+           if line not in unfollowed]
+  if manifest["requires"] != sorted(job.source.requires):
     moved.append("nnx-pool's dependencies")
-  return moved, stamp.get("source") != job.source.digest()
+  return moved, manifest["source"] != job.source.digest()
 
 
-def _update(env: Path, job: Job, moved: Sequence[str], changed: bool) -> None:
-  """Brings a cached environment to this environment's pins and this nnx-pool."""
+def _update(env: Path, job: Job, moved: Sequence[str], changed: bool, digest: str) -> str:
+  """Brings a cached environment to this environment's pins and this nnx-pool; returns the
+  digest of the nnx-pool it holds then (``digest``: the one it held)."""
   if moved:
-    _install(env, job, f"updating {', '.join(moved)} to this environment's versions (pip)")
+    digest = _install(env, job, f"updating {', '.join(moved)} to this environment's versions "
+                      "(pip)")
   if not changed:
-    return
+    return digest
   job.steps.next("reinstalling nnx-pool, changed since the environment was built (pip --no-deps)")
   snapshot = job.source.snapshot(job.plan.extras, job.scratch)
   code, output = run_pip(env, ["install", "--no-deps", "--force-reinstall",
@@ -214,32 +214,153 @@ def _update(env: Path, job: Job, moved: Sequence[str], changed: bool) -> None:
                          on_line=lambda line: job.steps.show(f"pip: {line}"))
   if code:
     raise RehearsalError(pip_failure(output, [SELF], job.pins))
-  _write_stamp(env, snapshot.digest, job.source.requires)
+  return snapshot.digest
+
+
+def _own_requirements(requires: Sequence[str], extras: Sequence[str]) -> list[str]:
+  """nnx-pool's requirements that apply with ``extras``, their markers dropped."""
+  lines = []
+  for line in requires:
+    try:
+      req = Pep508(line)
+    except InvalidRequirement:
+      continue
+    if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
+      req.marker = None
+      lines.append(str(req))
+  return lines
+
+
+def pip_choices(env: Path, job: Job, names: Sequence[str]) -> tuple[dict[str, str | None],
+                                                                   str | None]:
+  """The versions pip would install now for ``names`` (:func:`~nnx_pool.regression.
+  rehearse_plan.chosen_by_pip`): ``pip install --dry-run --ignore-installed --report`` of the
+  plan and nnx-pool's requirements, under the constraints, by the environment's own pip.
+
+  Returns:
+    ``(versions, None)``, or ``({}, why)`` when pip could not resolve them (offline, say).
+  """
+  plan, scratch = job.plan, job.scratch
+  requirements, constraints = scratch / "resolve-requirements.txt", scratch / "resolve-pins.txt"
+  report = scratch / "resolve-report.json"
+  lines = [*plan.requirements, *_own_requirements(job.source.requires, plan.extras)]
+  requirements.write_text("".join(f"{r}\n" for r in lines))
+  constraints.write_text("".join(f"{c}\n" for c in plan.constraints))
+  report.unlink(missing_ok=True)
+  job.steps.next(f"resolving {', '.join(names)} again (pip install --dry-run)")
+  code, output = run_pip(env, ["install", "--dry-run", "--ignore-installed", "--quiet",
+                               "--report", str(report), "-c", str(constraints), "-r",
+                               str(requirements)],
+                         on_line=lambda line: job.steps.show(f"pip: {line}"))
+  try:
+    installs = json.loads(report.read_text())["install"] if not code else None
+    picks = {normalise(item["metadata"]["name"]): item["metadata"]["version"]
+             for item in installs or ()}
+  except (OSError, ValueError, KeyError, TypeError):
+    installs = None
+  if installs is None:
+    return {}, pip_failure(output, plan.changes, job.pins, resolve=plan.resolve).removeprefix(
+        "rehearse: ")
+  return {name: picks.get(name) for name in names}, None
+
+
+def _stale_because(entry: Path, job: Job, manifest: Mapping[str, Any] | None,
+                   files: Mapping[str, str]) -> tuple[str | None, str | None]:
+  """Why the cached environment of ``entry`` cannot be used as it is: ``(why, None)`` when it
+  must be rebuilt (no valid manifest, a ``file://`` location or a version pip chooses that
+  changed), ``(None, note)`` when it can (a note when pip could not resolve again)."""
+  env = entry / ENV_DIR
+  if manifest is None or not (env / "pyvenv.cfg").is_file():
+    return ("replacing a cached one without a valid manifest" if env.exists() or
+            os.path.lexists(env) else None), None
+  resolved = manifest["resolved"]
+  if manifest["requirements"] != _requirement_set(job.plan, resolved):
+    return "replacing a cached one whose manifest is not this requirement set's", None
+  changed = sorted(text for text in files if files[text] != resolved.get("files", {}).get(text))
+  if changed:
+    return f"{', '.join(changed)} changed since the cached one was built", None
+  names = chosen_by_pip(job.plan)
+  if not names:
+    return None, None
+  versions, problem = pip_choices(env, job, names)
+  if problem:
+    return None, f"pip could not resolve {', '.join(names)} again ({problem}); kept the " \
+        "versions chosen when it was built"
+  held = resolved.get("versions", {})
+  moved = [f"{name} {held.get(name)} -> {versions[name]}" for name in names
+           if versions[name] != held.get(name)]
+  if moved:
+    return f"pip now chooses {', '.join(moved)}", None
+  return None, None
+
+
+def _requirement_set(plan: Plan, resolved: Mapping[str, Any]) -> str:
+  """The digest of the resolved requirement set: the plan's key, what its ``file://``
+  locations hold and the versions pip chose."""
+  data = {"key": plan.key(), "resolved": resolved}
+  return "sha256:" + hashlib.sha256(store.canonical_json(data).encode()).hexdigest()
+
+
+def _commit(entry: Path, job: Job, resolved: Mapping[str, Any], digest: str) -> None:
+  """Writes the entry's manifest: the last step, once the environment is complete."""
+  env = entry / ENV_DIR
+  rehearse_cache.write_manifest(entry, {
+      "requirements": _requirement_set(job.plan, resolved),
+      "resolved": dict(resolved),
+      "source": digest,
+      "requires": sorted(job.source.requires),
+      # Pins pip left as they were (nothing the plan installs requires them: the venv's pip).
+      "unfollowed": stale_pins(environment_versions(env), job.plan.constraints),
+  })
+
+
+def _remove(path: Path) -> None:
+  """Removes a directory tree, or a link or file in its place (never following a link)."""
+  if path.is_symlink() or path.is_file():
+    path.unlink()
+  elif path.exists():
+    shutil.rmtree(path)
 
 
 def prepare(entry: Path, job: Job, then: int) -> str:
   """Makes ``entry``'s environment ready, under its lock; says how (built, updated, reused).
 
-  ``then``: the steps that follow (check, pytest), for the progress line's total.
+  An environment is used only with a valid manifest that says it holds this requirement set
+  as it resolves now; otherwise it is removed without running anything there and built
+  again. ``then``: the steps that follow (check, pytest), for the progress line's total.
   """
   env = entry / ENV_DIR
   started = time.monotonic()
-  if (env / "pyvenv.cfg").is_file():
-    moved, changed = _outdated(env, job)
-    job.steps.total = bool(moved) + changed + then
-    _update(env, job, moved, changed)
-    return f"updated in {time.monotonic() - started:.0f} s" if moved or changed else "reused"
-  job.steps.total = 2 + then
+  # Hashed before pip runs: an edit made while it installs makes the entry stale next time.
+  files = {text: location_digest(path) for text, path in local_locations(job.plan).items()}
+  manifest = rehearse_cache.read_manifest(entry)
+  job.steps.total = job.steps.n + bool(manifest and chosen_by_pip(job.plan)) + 2 + then
+  why, note = _stale_because(entry, job, manifest, files)
+  if manifest is not None and why is None:
+    moved, changed = _outdated(env, job, manifest)
+    job.steps.total = job.steps.n + bool(moved) + changed + then
+    if not moved and not changed:
+      return "reused" + (f"; {note}" if note else "")
+    rehearse_cache.drop_manifest(entry)  # an update cut short leaves an entry to rebuild
+    digest = _update(env, job, moved, changed, manifest["source"])
+    _commit(entry, job, manifest["resolved"], digest)
+    return f"updated in {time.monotonic() - started:.0f} s"
+  job.steps.total = job.steps.n + 2 + then
+  rehearse_cache.drop_manifest(entry)
+  _remove(env)  # never run: whatever is there is not known to be what the manifest says
   for unfinished in entry.glob(".tmp-*"):  # a build killed before it was renamed into place
     shutil.rmtree(unfinished, ignore_errors=True)
   staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry))
   try:
-    build(staging, job)
-    os.rename(staging, env)  # the commit: a half-built environment is never at `env`
+    digest = build(staging, job)
+    os.rename(staging, env)  # a half-built environment is never at `env`
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
-  return f"built in {time.monotonic() - started:.0f} s"
+  there = environment_versions(env)
+  versions = {name: there.get(name) for name in chosen_by_pip(job.plan)}
+  _commit(entry, job, {"files": files, "versions": versions}, digest)  # the commit
+  return f"built in {time.monotonic() - started:.0f} s" + (f" ({why})" if why else "")
 
 
 def run_check(env: Path, baseline: Path, json_path: Path, *, pattern: str | None,

@@ -25,7 +25,11 @@ chex, optax, ... for jax) into an upper bound, so that pip chooses the newest ve
 no newer than this environment's that admits the requirements (flax 0.12.6 for jax 0.9.2).
 
 A :class:`Plan` is keyed (:meth:`Plan.key`) by its requirement set, which names its
-environment in the cache (:mod:`nnx_pool.regression.rehearse_cache`).
+environment in the cache (:mod:`nnx_pool.regression.rehearse_cache`). What the text of a
+requirement does not fix is resolved again before a cached environment is used
+(:mod:`nnx_pool.regression.rehearse_env`): the content of a ``file://`` location
+(:func:`local_locations`), and the versions pip chooses for a range (``jax>=0.9,<0.10``), for
+the partner it releases, and for the dependents ``resolve`` bounds (:func:`chosen_by_pip`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import importlib.metadata
 import platform
 import re
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -281,3 +287,30 @@ def admits(spec: str | SpecifierSet, version: str | None) -> bool:
     return version is not None and SpecifierSet(str(spec)).contains(version, prereleases=True)
   except (InvalidSpecifier, InvalidVersion):
     return False
+
+
+def chosen_by_pip(plan: Plan) -> tuple[str, ...]:
+  """The normalised names whose version pip chooses, not the requirement's text: those of
+  a range (``jax>=0.9,<0.10``; not ``==`` of one version, nor a URL), the partner such a
+  jax or jaxlib releases unless named, and the dependents ``resolve`` bounded."""
+  chosen, named = set(plan.resolved), set()
+  for text in plan.requirements:
+    req = Pep508(text)
+    named.add(normalise(req.name))
+    specs = list(req.specifier)
+    exact = len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version
+    if specs and not exact and req.url is None:
+      chosen.add(normalise(req.name))
+  chosen |= {PAIRED[name] for name in chosen if name in PAIRED} - named
+  return tuple(sorted(chosen))
+
+
+def local_locations(plan: Plan) -> dict[str, Path]:
+  """The ``file://`` location of each requirement that names one (``foo @ file:///dir``), by
+  the requirement's text: what pip installs from there changes with the files, not the text."""
+  found = {}
+  for text in plan.requirements:
+    url = Pep508(text).url
+    if url and urllib.parse.urlsplit(url).scheme == "file":
+      found[text] = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
+  return found

@@ -15,6 +15,8 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
+import os
+import re
 import shutil
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -25,6 +27,30 @@ from nnx_pool.regression.stamp import source_checkout
 
 # What pyproject.toml's setuptools configuration reads to build nnx-pool.
 SOURCE_FILES = ("pyproject.toml", "README.md", "nnx_pool", "regression")
+# In a user's `file://` directory, what a build or a tool leaves, and is not the package.
+_NOT_SOURCE = re.compile(r"^(\.git|\.hg|\.svn|__pycache__|build|dist|\.venv|venv|\.tox|\.nox|"
+                         r"\.[a-z_]*cache|.*\.egg-info)$")
+
+
+def location_digest(path: Path) -> str:
+  """The SHA-256 of a ``file://`` requirement's location: a file's bytes, or a directory's
+  files (paths and bytes, not following links), less what builds and tools leave there
+  (``.git``, ``build``, ``dist``, ``*.egg-info``, caches). ``missing`` when there is nothing.
+  """
+  h = hashlib.sha256()
+  if path.is_file():
+    h.update(path.read_bytes())
+    return h.hexdigest()
+  if not path.is_dir():
+    return "missing"
+  for where, dirs, names in os.walk(path):
+    dirs[:] = sorted(d for d in dirs if not _NOT_SOURCE.match(d))
+    for name in sorted(names):
+      file = Path(where, name)
+      if file.is_file() and not name.endswith(".pyc"):
+        h.update(file.relative_to(path).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(file.read_bytes()).digest())
+  return h.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

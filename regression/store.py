@@ -9,6 +9,17 @@ manifest (the commit point), each through an fsynced temporary file and ``os.rep
 then deletes what the new manifest does not name. A reader opens the arrays file the
 manifest names, reading the manifest again if a writer removed it meanwhile. No JAX here.
 
+The arrays file is a zip of ``.npy`` members, one per array: the array ``<key>`` is the
+member ``<key>.npy`` (always: a key ``x.npy`` is the member ``x.npy.npy``), written here with
+:mod:`zipfile` and :func:`numpy.lib.format.write_array`, never through Python keyword
+arguments, so that no key (``file``, ``allow_pickle``) can clash with a parameter and no two
+keys with one member. This is what ``np.savez_compressed`` wrote for every key that did not
+end in ``.npy``, so the files of every version read the same way, and nnx-pool 0.2.0 reads
+the new ones. A reader checks each member's header (dtype, shape) against the manifest and
+the member's size against both before it allocates the array, and reads the data as it
+comes out of the zip, so a header or a size that lies costs no more memory than the file
+holds; any damage, a manifest nested too deeply included, is one :class:`BaselineError` line.
+
 Format versions, and how each older one still loads (:data:`FORMAT_VERSION` is written):
 
 * 1: the arrays file is ``arrays.npz``; read as it is, replaced by ``record --force``.
@@ -29,6 +40,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -49,6 +61,9 @@ MANIFEST = "manifest.json"
 _V1_ARRAYS = "arrays.npz"  # the arrays file of format version 1
 LOCK_TIMEOUT_S = 120.0  # how long a writer waits for another one writing into the same directory
 _READ_ATTEMPTS = 10  # how often a reader starts again when a writer removed its arrays file
+_MEMBER = ".npy"  # the array <key> is the zip member <key>.npy
+_CHUNK = 1 << 22  # bytes read from a member at a time
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's timestamp: equal arrays, equal bytes
 _KEY = re.compile(r"^[A-Za-z0-9_.\-\[\]/:=,()']+$")
 _OURS = re.compile(r"^(manifest\.json|arrays\.npz|arrays-[0-9a-f]{16}\.npz|\.tmp-[0-9a-f-]+)$")
 _FIX = "re-record it (`record --force`, or `--nnx-regression-update` for a fixture baseline)"
@@ -100,10 +115,11 @@ def digest(array: np.ndarray) -> str:
 
 def _stored_as(dtype: np.dtype, key: str) -> np.dtype:
   """What ``.npz`` holds ``dtype`` as: itself, or raw bits for float16 and the ml_dtypes."""
-  if dtype.kind in "biufc" and dtype.name != "float16":
-    return dtype
+  # ml_dtypes first: float8_e5m2 and complex32 claim kinds "f" and "c", but .npy cannot name them.
   if dtype.name == "float16" or getattr(ml_dtypes, dtype.name, None) is dtype.type:
     return np.dtype(f"uint{dtype.itemsize * 8}")
+  if dtype.kind in "biufc":
+    return dtype
   raise TypeError(f"array {key!r} has dtype {dtype}, which a baseline cannot hold without "
                   "pickling; store numeric, bool or ml_dtypes arrays only.")
 
@@ -137,6 +153,33 @@ def build_manifest(
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "arrays": table}
   manifest["manifest_sha256"] = _checksum(manifest)
   return manifest, stored
+
+
+def member_name(key: str) -> str:
+  """The zip member that holds the array ``key`` in an arrays file: ``<key>.npy``."""
+  return key + _MEMBER
+
+
+def encode_arrays(stored: Mapping[str, np.ndarray]) -> bytes:
+  """The arrays file (a zip of ``.npy`` members, deflated) holding ``stored``, by key."""
+  buffer = io.BytesIO()
+  with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as z:
+    for key, array in stored.items():
+      info = zipfile.ZipInfo(member_name(key), date_time=_ZIP_TIME)
+      info.compress_type = zipfile.ZIP_DEFLATED
+      with z.open(info, "w", force_zip64=True) as f:
+        np.lib.format.write_array(f, array, allow_pickle=False)
+  return buffer.getvalue()
+
+
+def parse_json(data: bytes | str) -> Any:
+  """JSON text as Python values; ValueError for anything but JSON (a nesting too deep too)."""
+  try:
+    value = json.loads(data)
+    canonical_json(value)  # no NaN or Infinity
+  except RecursionError:
+    raise ValueError("nested too deeply") from None
+  return value
 
 
 def arrays_name(manifest: Mapping[str, Any]) -> str:
@@ -190,9 +233,9 @@ def stored_format_version(path: str | os.PathLike) -> Any:
   """The ``format_version`` a baseline's manifest claims (None if unreadable), unvalidated."""
   try:
     with _open(str(Path(path) / MANIFEST), Path(path)) as f:
-      manifest = json.loads(f.read())
+      manifest = parse_json(f.read())
     return manifest["format_version"] if manifest["format"] == FORMAT else None
-  except (OSError, ValueError, BaselineError, KeyError, TypeError):
+  except (OSError, ValueError, BaselineError, KeyError, TypeError, IndexError):
     return None
 
 
@@ -256,9 +299,7 @@ def write_baseline(
   out = Path(out)
   check_writable(out, force=force)
   manifest, stored = build_manifest(fields, arrays)
-  npz = io.BytesIO()
-  # NumPy's stub reads the keywords as its allow_pickle too; the keys are array names.
-  np.savez_compressed(npz, **stored)  # pyright: ignore[reportArgumentType]
+  npz = encode_arrays(stored)
   keep = {MANIFEST, arrays_name(manifest)}
   out.parent.mkdir(parents=True, exist_ok=True)
   with _lock(out.parent, LOCK_TIMEOUT_S):
@@ -266,7 +307,7 @@ def write_baseline(
     created = not out.exists()
     out.mkdir(exist_ok=True)
     try:
-      _put(out, arrays_name(manifest), npz.getvalue())
+      _put(out, arrays_name(manifest), npz)
       _put(out, MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     except BaseException:
       if created:
@@ -316,8 +357,7 @@ def _open(name: str, path: Path, dfd: int | None = None):
 def _parse_manifest(path: Path, data: bytes) -> tuple[dict[str, Any], str]:
   """The validated manifest and the name of its arrays file."""
   try:
-    manifest = json.loads(data.decode("utf-8"))
-    canonical_json(manifest)  # no NaN or Infinity
+    manifest = parse_json(data.decode("utf-8"))
   except ValueError as e:
     raise _fail(path, f"{MANIFEST} is not valid JSON ({e}); {_FIX}.") from None
   if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -335,35 +375,100 @@ def _parse_manifest(path: Path, data: bytes) -> tuple[dict[str, Any], str]:
   return manifest, arrays_name(manifest)
 
 
+class _Counted:
+  """A member's stream that counts the bytes read from it (the ``.npy`` header's length)."""
+
+  def __init__(self, stream):
+    self.stream, self.count = stream, 0
+
+  def read(self, n: int = -1) -> bytes:
+    data = self.stream.read(n)
+    self.count += len(data)
+    return data
+
+
+def _entry(path: Path, key: str, entry: Any) -> tuple[np.dtype, np.dtype, tuple[int, ...]]:
+  """A manifest entry's dtype, storage dtype and shape, each checked for its type."""
+  malformed = _fail(path, f"{MANIFEST} has a malformed entry for array {key!r}; {_FIX}.")
+  if not isinstance(entry, dict) or not all(
+      isinstance(entry.get(f), str) for f in ("dtype", "stored_as", "digest")):
+    raise malformed
+  shape = entry.get("shape")
+  if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+    raise malformed
+  try:
+    dtype = dtype_by_name(entry["dtype"])
+    stored_as = _stored_as(dtype, key)
+  except (TypeError, ValueError):
+    raise malformed from None
+  if entry["stored_as"] != stored_as.name:
+    raise malformed
+  return dtype, stored_as, tuple(shape)
+
+
+def _member(path: Path, name: str, key: str, z: zipfile.ZipFile, info: zipfile.ZipInfo,
+            stored_as: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+  """The array of one member, its header and size checked before anything is allocated."""
+  where = f"array {key!r} in {name}"
+  with z.open(info) as raw:
+    f = _Counted(raw)
+    try:
+      version = np.lib.format.read_magic(f)
+      read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                     (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+      if read_header is None:
+        raise ValueError(f"npy format version {version}")
+      got_shape, fortran, dtype = read_header(f)
+    except ValueError as e:
+      raise _fail(path, f"{where} has no readable .npy header ({e}); {_FIX}.") from None
+    if dtype.hasobject:
+      raise _fail(path, f"{where} holds an object array; refusing to unpickle it; {_FIX}.")
+    if dtype.name != stored_as.name:
+      raise _fail(path, f"array {key!r} is stored as {dtype.name} but {MANIFEST} says "
+                  f"{stored_as.name}; {_FIX}.")
+    if tuple(got_shape) != shape or fortran:
+      raise _fail(path, f"{where} has shape {tuple(got_shape)}"
+                  f"{' (Fortran order)' if fortran else ''} but {MANIFEST} says {shape}; {_FIX}.")
+    size = math.prod(shape) * dtype.itemsize
+    if info.file_size != f.count + size:
+      raise _fail(path, f"{where} holds {info.file_size - f.count} bytes of data where its shape "
+                  f"{shape} needs {size}; {_FIX}.")
+    data = bytearray()
+    while len(data) < size:  # as the zip yields it: a size that lies allocates nothing
+      chunk = f.read(min(_CHUNK, size - len(data)))
+      if not chunk:
+        raise _fail(path, f"{where} is truncated; {_FIX}.")
+      data += chunk
+  array = np.frombuffer(data, dtype=dtype).reshape(shape)
+  return array if dtype.isnative else array.astype(dtype.newbyteorder("="))
+
+
 def _load(path: Path, name: str, table: Mapping[str, Any], file) -> dict[str, np.ndarray]:
   """The arrays of ``file``, decoded and checked against the manifest's ``table``."""
+  entries = {key: _entry(path, key, entry) for key, entry in sorted(table.items())}
+  arrays = {}
   try:
-    with np.load(file, allow_pickle=False) as npz:
-      raw = {key: npz[key] for key in npz.files}
-  except ValueError as e:
-    what = "holds an object array; refusing to unpickle it" if "pickle" in str(e) else (
-        f"is damaged ({e})")
-    raise _fail(path, f"{name} {what}; {_FIX}.") from None
-  except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:
+    with zipfile.ZipFile(file) as z:
+      infos = z.infolist()
+      members = {info.filename: info for info in infos}
+      if len(members) < len(infos):
+        raise _fail(path, f"{name} holds two members of one name; {_FIX}.")
+      held = {m.removesuffix(_MEMBER) if m.endswith(_MEMBER) else m for m in members}
+      for key in sorted(set(table) ^ held):
+        where = (f"listed in {MANIFEST} is missing from {name}" if key in table
+                 else f"in {name} is not listed in {MANIFEST}")
+        raise _fail(path, f"array {key!r} {where}; {_FIX}.")
+      for key, (dtype, stored_as, shape) in entries.items():
+        info = members.get(member_name(key))
+        if info is None:  # held under another member name (np.savez's, of a key `x.npy`)
+          raise _fail(path, f"array {key!r} is not held as {member_name(key)} in {name}; {_FIX}.")
+        arrays[key] = _member(path, name, key, z, info, stored_as, shape).view(dtype)
+  except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError,
+          RuntimeError) as e:  # RuntimeError: an encrypted member
     reason = f"{name} is truncated or damaged ({type(e).__name__}: {e}); {_FIX}."
     raise _fail(path, reason) from None
-  for key in sorted(set(table) ^ set(raw)):
-    where = (f"listed in {MANIFEST} is missing from {name}" if key in table
-             else f"in {name} is not listed in {MANIFEST}")
-    raise _fail(path, f"array {key!r} {where}; {_FIX}.")
-  arrays = {}
   for key in sorted(table):
-    entry, stored = table[key], raw[key]
-    try:
-      dtype = dtype_by_name(entry["dtype"])
-      stored_as = _stored_as(dtype, key).name
-    except (TypeError, ValueError, KeyError):
-      raise _fail(path, f"{MANIFEST} has a malformed entry for array {key!r}; {_FIX}.") from None
-    if stored.dtype.name != stored_as or entry.get("stored_as") != stored_as:
-      raise _fail(path, f"array {key!r} is stored as {stored.dtype.name} but {MANIFEST} says "
-                  f"{entry.get('stored_as')}; {_FIX}.")
-    arrays[key] = stored.view(dtype)
-    if digest(arrays[key]) != entry.get("digest"):
+    if digest(arrays[key]) != table[key]["digest"]:
       raise _fail(path, f"array {key!r} does not match its digest (changed after recording); "
                   f"{_FIX}.")
   return arrays

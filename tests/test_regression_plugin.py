@@ -93,6 +93,9 @@ def test_plugin_reports_drift_like_the_cli(pytester):
       "*elements differ*",
       "*environment changes*",
   ])
+  # Issue 29, finding 4: the report is printed once (pytest.fail inside the except block
+  # printed it a second time, as the exception it was handling).
+  assert result.stdout.str().count("'pool' differs from its baseline") == 1
 
 
 NONFINITE_TEST = """
@@ -325,3 +328,45 @@ def test_plugin_does_not_advise_deleting_baselines_of_tests_that_failed_before_c
       "before its check (keep them):",
       "  *_regression*test_bn*logits (test_bn.py::test_logits)",
   ])
+
+
+DUPLICATE_TEST = """
+import numpy as np
+import pytest
+
+X = np.arange(4, dtype=np.float32)
+
+
+@pytest.mark.xdist_group("a")
+def test_a(nnx_regression):
+  nnx_regression.check("logits", lambda x: x + 1, X)
+
+
+@pytest.mark.xdist_group("b")
+def test_b(nnx_regression):
+  nnx_regression.check("logits", lambda x: x + 2, X)
+"""
+
+
+def test_plugin_a_name_used_by_two_xdist_workers_is_refused_and_nothing_overwritten(pytester):
+  # Issue 29: serially the second check("logits") of a module is refused; under -n 2 each
+  # worker had its own session, both wrote, and the next run failed one against the other.
+  pytest.importorskip("xdist")
+  pytester.makepyfile(test_dup=DUPLICATE_TEST)
+  result = pytester.runpytest_subprocess(*PLUGIN, "-p", "xdist.plugin", "-n", "2",
+                                         "--dist", "loadgroup", "-v")
+  out = result.stdout.str()
+  assert "[gw0]" in out and "[gw1]" in out  # the two tests ran on two workers
+  result.assert_outcomes(failed=2)  # one wrote its baseline (rerun to compare), one refused
+  (line,) = [line.split("ValueError: ", 1)[1] for line in out.splitlines()
+              if line.startswith("E ") and "is already used by" in line]
+  first = "test_dup.py::test_a" if "already used by test_dup.py::test_a" in line else (
+      "test_dup.py::test_b")
+  second = "test_dup.py::test_b" if first.endswith("a") else "test_dup.py::test_a"
+  assert line == (f"`name` 'logits' is already used by {first} in this session; baseline names "
+                  f"must be unique within a test module (rename the check of {second} or of "
+                  f"{first}). Nothing was compared or written.")
+  assert out.count("no baseline for 'logits'; wrote one") == 1
+  manifest = json.loads((pytester.path / "_regression" / "test_dup" / "logits" /
+                         "manifest.json").read_text())
+  assert manifest["test"] == first  # recorded by the first, not overwritten by the second

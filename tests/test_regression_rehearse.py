@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -522,6 +523,16 @@ if [ "$1" = "-c" ]; then  # the user's tests (rehearse_env.PYTEST_MAIN)
   exit "$(cat "$FAKE/pytest_rc")"
 fi
 echo "$*" >> "$FAKE/log"
+if [ "$1" = "-m" ] && [ "$2" = "pip" ] && [ "$4" = "--dry-run" ]; then  # pip_choices
+  while [ $# -gt 0 ]; do
+    if [ "$1" = "--report" ] && [ -f "$FAKE/pip_report.json" ]; then
+      cp "$FAKE/pip_report.json" "$2"
+    fi
+    shift
+  done
+  if [ -f "$FAKE/pip_report.json" ]; then exit 0; fi
+  echo "ERROR: No matching distribution found for jax<0.10,>=0.9"; exit 1
+fi
 if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
   if [ -d "$FAKE/site" ]; then cp -R "$FAKE/site/." "$VIRTUAL_ENV/lib/python3/site-packages/"; fi
   cat "$FAKE/pip_output"; exit "$(cat "$FAKE/pip_rc")"
@@ -733,6 +744,146 @@ def test_rehearse_a_cached_environment_follows_a_pin_that_moved_here(stand_in):
   assert len(installs) == 2
 
 
+def _site(stand_in: StandIn, **versions: str) -> None:
+  """What the stand-in pip installs from now on: these distributions at these versions."""
+  site = stand_in.dir / "site"
+  shutil.rmtree(site, ignore_errors=True)
+  site.mkdir()
+  for name, version in versions.items():
+    _dist_info(site, name, version)
+
+
+def _how(report) -> str:
+  """How the rehearsal got its environment: the end of its note, ``(reused)``, ``(built ...)``."""
+  note = next(n for n in report.notes if n.startswith("rehearsal: ") and "; environment " in n)
+  return note[note.index(" (") + 2:-1]
+
+
+def test_rehearse_an_entry_without_its_manifest_is_rebuilt_and_never_run(stand_in):
+  # Issue 29, finding 9: an entry was used whenever env/pyvenv.cfg existed, so one planted in
+  # a shared NNX_POOL_CACHE had its bin/python run. Now the manifest, written last, decides.
+  plan = make_plan(["jax==0.9.2"], pins=installed_pins_here())
+  planted = _cache() / plan.key() / "env"
+  (planted / "bin").mkdir(parents=True)
+  (planted / "pyvenv.cfg").write_text("home = nowhere\n")
+  (planted / "bin" / "python").write_text(f"#!/bin/sh\ntouch {stand_in.dir / 'ran'}\n")
+  (planted / "bin" / "python").chmod(0o755)
+  report = rehearse.rehearse(["jax==0.9.2"], baseline="base")
+  assert not (stand_in.dir / "ran").exists()
+  assert _how(report).startswith("built in ") and _how(report).endswith(
+      " s (replacing a cached one without a valid manifest)")
+  assert len(_StandInBuilder.created) == 1
+  manifest = json.loads((_cache() / plan.key() / "manifest.json").read_text())
+  assert manifest["key"] == plan.key() and manifest["requirements"].startswith("sha256:")
+  assert _how(rehearse.rehearse(["jax==0.9.2"], baseline="base")) == "reused"
+  # A build cut short leaves no manifest: the next run builds again, running nothing there.
+  (_cache() / plan.key() / "manifest.json").unlink()
+  assert _how(rehearse.rehearse(["jax==0.9.2"], baseline="base")).startswith("built in ")
+  assert len(_StandInBuilder.created) == 2
+
+
+def installed_pins_here() -> dict:
+  return rehearse_plan.installed_pins()
+
+
+@pytest.mark.parametrize("who", ["group", "other", "owner"])
+def test_rehearse_refuses_a_cache_directory_others_can_write(stand_in, capsys, monkeypatch, who):
+  root = _cache()
+  root.mkdir(parents=True)
+  if who == "owner":  # as if another user had made it first
+    monkeypatch.setattr(rehearse_cache.os, "geteuid", lambda: os.stat(root).st_uid + 1)
+  else:
+    root.chmod(0o770 if who == "group" else 0o707)
+  assert cli.main(["rehearse", "jax==0.9.2"]) == 2
+  why = {"group": "may be written by its group (mode 0770): another user could put an "
+                  f"environment there that rehearse would run; run `chmod go-w {root}`, or",
+         "other": "may be written by every user (mode 0707): another user could put an "
+                  f"environment there that rehearse would run; run `chmod go-w {root}`, or",
+         "owner": f"is owned by user {os.stat(root).st_uid}, not you (user "
+                  f"{os.stat(root).st_uid + 1}): another user could put an environment there "
+                  "that rehearse would run;"}[who]
+  assert capsys.readouterr().err == (f"error: rehearse: the cache directory {root} {why} set "
+                                     "NNX_POOL_CACHE to a directory of your own.\n")
+  assert _StandInBuilder.created == [] and all(a[0] == "git" for a in stand_in.started)
+
+
+def test_rehearse_makes_its_cache_directories_private(stand_in, monkeypatch):
+  monkeypatch.setattr(os, "umask", os.umask)  # restored after the test
+  os.umask(0o002)  # a user-private-group umask: directories 0775 by default
+  try:
+    rehearse.rehearse(["jax==0.9.2"], baseline="base")
+  finally:
+    os.umask(0o022)
+  (entry,) = _cache().iterdir()
+  for directory in (_cache().parent, _cache(), entry):
+    assert directory.stat().st_mode & 0o777 == 0o700, directory
+
+
+def test_rehearse_a_file_url_requirement_is_rebuilt_when_its_files_change(stand_in, tmp_path):
+  # The refusal message recommends `NAME @ file:///dir`; its text never changes, its files do.
+  mylib = tmp_path / "mylib"
+  (mylib / "mylib").mkdir(parents=True)
+  (mylib / "mylib" / "__init__.py").write_text("X = 1\n")
+  requirement = f"mylib @ {mylib.as_uri()}"
+  first = rehearse.rehearse([requirement], baseline="base")
+  assert _how(first).startswith("built in ")
+  (mylib / "build").mkdir()  # what an in-tree build leaves is not the package
+  (mylib / "build" / "x.py").write_text("")
+  assert _how(rehearse.rehearse([requirement], baseline="base")) == "reused"
+  (mylib / "mylib" / "__init__.py").write_text("X = 2\n")
+  again = rehearse.rehearse([requirement], baseline="base")
+  assert _how(again).startswith("built in ") and _how(again).endswith(
+      f" s ({requirement} changed since the cached one was built)")
+  assert len(_StandInBuilder.created) == 2 and len(list(_cache().iterdir())) == 1
+
+
+def test_rehearse_a_range_is_resolved_again_and_rebuilt_when_pip_chooses_another(stand_in):
+  _site(stand_in, jax="0.9.2", jaxlib="0.9.2")
+  first = rehearse.rehearse(["jax>=0.9,<0.10"], baseline="base")
+  assert _how(first).startswith("built in ")
+  (entry,) = _cache().iterdir()
+  resolved = json.loads((entry / "manifest.json").read_text())["resolved"]
+  assert resolved == {"files": {}, "versions": {"jax": "0.9.2", "jaxlib": "0.9.2"}}
+  # What `pip install --dry-run --report` says it would install (pip 23.2's report, cut short).
+  report = {"version": "1", "install": [
+      {"metadata": {"name": "jax", "version": "0.9.2"}},
+      {"metadata": {"name": "jaxlib", "version": "0.9.2"}}]}
+  stand_in.write("pip_report.json", json.dumps(report))
+  progress = _Progress()
+  assert _how(rehearse.rehearse(["jax>=0.9,<0.10"], baseline="base", progress=progress)) == (
+      "reused")
+  assert _steps(progress)[0] == "resolving jax, jaxlib again (pip install --dry-run)"
+  dry_run = [a for a in stand_in.started if "--dry-run" in a][-1]
+  assert dry_run[3:8] == ["install", "--dry-run", "--ignore-installed", "--quiet", "--report"]
+  report["install"][0]["metadata"]["version"] = "0.9.3"  # a release since
+  report["install"][1]["metadata"]["version"] = "0.9.3"
+  stand_in.write("pip_report.json", json.dumps(report))
+  _site(stand_in, jax="0.9.3", jaxlib="0.9.3")
+  again = rehearse.rehearse(["jax>=0.9,<0.10"], baseline="base")
+  assert _how(again).endswith(" s (pip now chooses jax 0.9.2 -> 0.9.3, jaxlib 0.9.2 -> 0.9.3)")
+  assert json.loads((entry / "manifest.json").read_text())["resolved"]["versions"] == {
+      "jax": "0.9.3", "jaxlib": "0.9.3"}
+  # Offline: pip cannot resolve again; the environment is used as built, and says so.
+  (stand_in.dir / "pip_report.json").unlink()
+  offline = rehearse.rehearse(["jax>=0.9,<0.10"], baseline="base")
+  assert _how(offline) == (
+      "reused; pip could not resolve jax, jaxlib again (pip could not install jax<0.10,>=0.9: "
+      "No matching distribution found for jax<0.10,>=0.9); kept the versions chosen when it "
+      "was built")
+
+
+def test_rehearse_a_cached_environment_whose_pip_is_older_says_reused(stand_in):
+  # Issue 29: the venv's own pip (ensurepip's) is older than this environment's, which the
+  # constraints pin; nothing installs pip, so every rerun "updated" it, in vain, for 5 s.
+  _site(stand_in, pip="1.0")
+  rehearse.rehearse(["jax==0.9.2"], baseline="base")
+  progress = _Progress()
+  report = rehearse.rehearse(["jax==0.9.2"], baseline="base", progress=progress)
+  assert _how(report) == "reused"
+  assert _steps(progress) == ["running check"]
+  assert sum(line.startswith("-m pip install -c ") for line in stand_in.log()) == 1
+
+
 def test_rehearse_stamps_the_nnx_pool_it_copied_not_one_edited_during_the_install(
     stand_in, monkeypatch, tmp_path):
   checkout = tmp_path / "checkout"
@@ -898,6 +1049,27 @@ def test_rehearse_no_batch_runs_only_the_users_tests(stand_in, monkeypatch, tmp_
 def test_rehearse_pytest_options_that_do_not_fit_exit_2(argv, error, capsys):
   assert cli.main(["rehearse", "jax==0.9.2", *argv]) == 2
   assert capsys.readouterr().err == f"error: rehearse: {error}\n"
+
+
+@pytest.mark.parametrize(("argv", "fixed"), [
+    (["--pytest", "tests", "-k", "logits"], "--pytest tests -- -k logits"),
+    (["--pytest", "tests", "-k", "logits", "--no-batch", "--json", "r.json"],
+     "--no-batch --json r.json --pytest tests -- -k logits"),
+    (["--no-batch", "--pytest", "-x", "tests", "--", "-q"], "--no-batch --pytest -- -x tests -q"),
+    (["--pytest", "tests", "--html=page.html"], "--pytest tests -- --html=page.html"),
+])
+def test_rehearse_a_pytest_option_before_the_double_dash_exits_2_naming_it(
+    stand_in, capsys, argv, fixed):
+  # Issue 29, finding 10: `--pytest tests -k logits` printed "-k 'logits' selected no cases",
+  # ran every test and exited 0. Now nothing runs, and the line shows the command with --.
+  assert cli.main(["rehearse", "jax==0.9.2", *argv]) == 2
+  option = next(a for a in argv if a.startswith(("-k", "-x", "--html")))
+  assert capsys.readouterr().err == (
+      f"error: rehearse: {option} comes after --pytest but before --, where rehearse reads the "
+      "options, not pytest (a -k there selected none of the kit's cases, and pytest ran every "
+      "test); pytest's options go after a --: nnx-pool-regression rehearse jax==0.9.2 "
+      f"{fixed}\n")
+  assert _StandInBuilder.created == [] and stand_in.started == []
 
 
 def test_rehearse_pytest_refuses_a_run_that_imported_another_nnx_pool(stand_in, capsys,

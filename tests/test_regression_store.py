@@ -1,5 +1,6 @@
 """Tests for regression.store: lossless dtypes, no unpickling, damage detection, atomic writes."""
 
+import io
 import json
 import os
 import re
@@ -174,7 +175,7 @@ def test_store_damaged_baseline_raises_one_line_reason(tmp_path, damage, message
   elif damage == "extra_key":
     _rewrite_npz(out, {**raw, "c": raw["a"]})
   elif damage == "object_array":
-    _rewrite_npz(out, {**raw, "evil": np.array([{"x": 1}], dtype=object)})
+    _rewrite_npz(out, {**raw, "a": np.array([{"x": 1}], dtype=object)})  # a listed array
   elif damage == "changed_value":
     _rewrite_npz(out, {**raw, "a": raw["a"] + 1})
   elif damage == "not_json":
@@ -568,3 +569,156 @@ def test_store_npz_is_a_plain_zip_of_npy_files(tmp_path):
   out = _baseline(tmp_path)
   with zipfile.ZipFile(_arrays_file(out)) as z:
     assert sorted(z.namelist()) == ["a.npy", "b.npy"]
+
+
+# ------------------------------------------- issue 29: keys, dtypes, hostile files
+
+
+def test_store_any_key_round_trips_even_one_named_like_a_savez_argument(tmp_path):
+  # np.savez_compressed(npz, **arrays) raised TypeError for `file`, wrote `allow_pickle` as its
+  # own flag (the baseline then lacked it), and stored `x` and `x.npy` as one member `x.npy`.
+  arrays = {"file": np.arange(3.0), "allow_pickle": np.ones(2, np.int8),
+            "x": np.zeros(2, np.float32), "x.npy": np.full(3, 7, np.int32),
+            "compress": np.array(True), "a/b.npy": np.arange(4, dtype=np.uint8)}
+  out = write_baseline(tmp_path / "b", {"kind": "test"}, arrays)
+  back = read_baseline(out).arrays
+  assert sorted(back) == sorted(arrays)
+  for key, value in arrays.items():  # the bytes and dtype written, each under its own key
+    assert _bits(back[key]) == _bits(value), key
+  with zipfile.ZipFile(_arrays_file(out)) as z:  # one member per key: <key>.npy
+    assert sorted(z.namelist()) == sorted(f"{k}.npy" for k in arrays)
+
+
+def test_store_old_savez_files_load_unchanged(tmp_path):
+  # Every baseline written before issue 29 went through np.savez_compressed: the same
+  # manifest, and members <key>.npy of its own. They load, the shipped one included.
+  out = tmp_path / "old"
+  out.mkdir()
+  arrays = {"a": np.arange(6, dtype=np.float32), "h": np.ones((2, 2), ml_dtypes.bfloat16),
+            "loss": np.array(2.5, np.float32)}
+  manifest, stored = store.build_manifest({"kind": "test"}, arrays)
+  np.savez_compressed(out / store.arrays_name(manifest), **stored)
+  (out / "manifest.json").write_text(json.dumps(manifest))
+  back = read_baseline(out).arrays
+  assert all(_bits(back[k]) == _bits(v) for k, v in arrays.items())
+  shipped = read_baseline(REPO / "regression" / "baseline")
+  assert shipped.manifest["format_version"] == 3 and len(shipped.arrays) == len(
+      shipped.manifest["arrays"])
+
+
+def _ml_dtypes() -> list[str]:
+  """Every dtype ml_dtypes 0.7 defines (bfloat16, the float8/6/4 kinds, int1..int4, ...)."""
+  return sorted(n for n in dir(ml_dtypes) if isinstance(getattr(ml_dtypes, n), type)
+                and issubclass(getattr(ml_dtypes, n), np.generic))
+
+
+@pytest.mark.parametrize("name", ["complex64", "complex128", "int16", "int64", "uint16",
+                                  "uint32", "uint64", *_ml_dtypes()])
+def test_store_every_bit_pattern_of_every_dtype_round_trips(tmp_path, name):
+  # Expected: the bit patterns written (all of them for 1- and 2-byte types, NaN payloads
+  # and the values outside a narrow int's range included), under the same dtype name.
+  dtype = store.dtype_by_name(name)
+  bits = {1: np.arange(256, dtype=np.uint8), 2: np.arange(65536, dtype=np.uint16)}.get(
+      dtype.itemsize)
+  if bits is None:
+    bits = np.random.default_rng(0).integers(0, 255, 64 * dtype.itemsize, np.uint8)
+  a = bits.view(dtype).reshape(-1, 2)
+  back = read_baseline(write_baseline(tmp_path / "b", {}, {"x": a})).arrays["x"]
+  assert back.dtype == dtype and back.dtype.name == name
+  assert _bits(back) == _bits(a)
+
+
+def _recommit(out: Path, manifest: dict, members: dict[str, bytes]) -> Path:
+  """Rewrites a baseline as a hostile writer would: any manifest, sealed with a valid
+  checksum, and an arrays file of the given members, named as that manifest names it."""
+  for old in out.glob("arrays-*.npz"):
+    old.unlink()
+  manifest["manifest_sha256"] = store._checksum(manifest)
+  (out / "manifest.json").write_text(json.dumps(manifest))
+  with zipfile.ZipFile(out / store.arrays_name(manifest), "w") as z:
+    for name, data in members.items():
+      z.writestr(name, data)
+  return out
+
+
+def _npy(array: np.ndarray, shape: tuple | None = None) -> bytes:
+  """The .npy bytes of ``array``, the header claiming ``shape`` if given."""
+  f = io.BytesIO()
+  np.lib.format.write_array(f, array, allow_pickle=False)
+  data = f.getvalue()
+  if shape is None:
+    return data
+  header = io.BytesIO()
+  np.lib.format.write_array_header_1_0(
+      header, {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False,
+               "shape": shape})
+  return header.getvalue() + array.tobytes()
+
+
+HUGE = (2**40,)  # 8 TiB of float64: np.load allocates it (MemoryError) before reading a byte
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("deep_json", "manifest.json is not valid JSON \\(nested too deeply\\)"),
+    ("huge_header", r"array 'a' in arrays-\w+\.npz has shape \(1099511627776,\) but "
+                    r"manifest.json says \(6,\)"),
+    ("huge_everywhere", r"array 'a' in arrays-\w+\.npz holds 48 bytes of data where its shape "
+                        r"\(1099511627776,\) needs 8796093022208"),
+    ("wrong_member", r"array 'a' in arrays-\w+\.npz has shape \(2,\) but manifest.json says "
+                     r"\(6,\)"),
+    ("same_shape_other_values", "array 'a' does not match its digest"),
+    ("entry_not_a_dict", "malformed entry for array 'a'"),
+    ("shape_not_a_list", "malformed entry for array 'a'"),
+    ("negative_shape", "malformed entry for array 'a'"),
+    ("dtype_not_a_string", "malformed entry for array 'a'"),
+    ("digest_missing", "malformed entry for array 'a'"),
+    ("stored_as_lies", "malformed entry for array 'a'"),
+    ("not_npy", r"array 'a' in arrays-\w+\.npz has no readable .npy header"),
+    ("manifest_a_list", "manifest.json is not an nnx-pool-regression manifest"),
+    ("version_a_string", "has no known format_version \\(got '3'\\)"),
+])
+def test_store_hostile_or_damaged_files_give_one_line(tmp_path, damage, message):
+  # Before issue 29: RecursionError (deep_json), MemoryError (huge_*), AttributeError or
+  # TypeError (the wrong types); now every one is the one-line BaselineError.
+  out = _baseline(tmp_path)
+  manifest = json.loads((out / "manifest.json").read_text())
+  entry = manifest["arrays"]["a"]
+  a, b = np.arange(6, dtype=np.float32), np.ones(2, np.int8)
+  members = {"a.npy": _npy(a), "b.npy": _npy(b)}
+  if damage == "deep_json":
+    (out / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+  elif damage == "manifest_a_list":
+    (out / "manifest.json").write_text(json.dumps([manifest]))
+  elif damage == "version_a_string":
+    _recommit(out, {**manifest, "format_version": "3"}, members)
+  else:
+    if damage == "huge_header":
+      members["a.npy"] = _npy(np.arange(6, dtype=np.float64), HUGE)
+      entry.update(dtype="float64", stored_as="float64")
+    elif damage == "huge_everywhere":  # the manifest claims it too
+      members["a.npy"] = _npy(np.arange(6, dtype=np.float64), HUGE)
+      entry.update(dtype="float64", stored_as="float64", shape=list(HUGE))
+    elif damage == "wrong_member":
+      members["a.npy"] = _npy(np.zeros(2, np.float32))
+    elif damage == "same_shape_other_values":
+      members["a.npy"] = _npy(a + 1)
+    elif damage == "entry_not_a_dict":
+      manifest["arrays"]["a"] = "float32"
+    elif damage == "shape_not_a_list":
+      entry["shape"] = "6"
+    elif damage == "negative_shape":
+      entry["shape"] = [-6]
+    elif damage == "dtype_not_a_string":
+      entry["dtype"] = 5
+    elif damage == "digest_missing":
+      del entry["digest"]
+    elif damage == "stored_as_lies":
+      entry["stored_as"] = "int32"
+    elif damage == "not_npy":
+      members["a.npy"] = b"not an npy file at all"
+    _recommit(out, manifest, members)
+  with pytest.raises(BaselineError, match=message) as info:
+    read_baseline(out)
+  text = str(info.value)
+  assert "\n" not in text and text.startswith(f"baseline {out}: ")
+  assert store.stored_format_version(out) in (None, 3, "3")  # never raises either
