@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Import names whose distribution is spelled otherwise.
-DISTRIBUTION = {"ml_dtypes": "ml-dtypes"}
+DISTRIBUTION = {"ml_dtypes": "ml-dtypes", "xdist": "pytest-xdist"}
 LOCAL = {"nnx_pool", "benchmarks", "conftest", "make_figures", "_sharding_worker", "_resnet",
          "_effnet", "link_layout"}
 # Installed code may import an optional extra's distribution only in the modules
