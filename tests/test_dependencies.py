@@ -61,7 +61,9 @@ def _imported(*paths: Path) -> dict[str, set[str]]:
   # Strings passed to pytest.importorskip("torch") count as imports too.
   for file in files:
     for match in re.finditer(r"importorskip\(\s*\"([A-Za-z0-9_]+)\"", file.read_text()):
-      found.setdefault(_normalise(match.group(1)), set()).add(str(file.relative_to(ROOT)))
+      top = match.group(1)
+      found.setdefault(_normalise(DISTRIBUTION.get(top, top)), set()).add(
+          str(file.relative_to(ROOT)))
   return found
 
 
