@@ -42,6 +42,12 @@ def _no_autoload(monkeypatch):
   monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
+def _failures(out):
+  """The run's FAILURES section: on CI (the `CI` variable set) pytest's short summary repeats
+  each failure's whole message, so a count over all the output would see every report twice."""
+  return out.split(" short test summary info ")[0]
+
+
 def _write(pytester, scale="1.0", name="pool", seed=0):
   return pytester.makepyfile(test_models=TEST_FILE.format(scale=scale, name=name, seed=seed))
 
@@ -95,7 +101,7 @@ def test_plugin_reports_drift_like_the_cli(pytester):
   ])
   # Issue 29, finding 4: the report is printed once (pytest.fail inside the except block
   # printed it a second time, as the exception it was handling).
-  assert result.stdout.str().count("'pool' differs from its baseline") == 1
+  assert _failures(result.stdout.str()).count("'pool' differs from its baseline") == 1
 
 
 NONFINITE_TEST = """
@@ -366,7 +372,7 @@ def test_plugin_a_name_used_by_two_xdist_workers_is_refused_and_nothing_overwrit
   assert line == (f"`name` 'logits' is already used by {first} in this session; baseline names "
                   f"must be unique within a test module (rename the check of {second} or of "
                   f"{first}). Nothing was compared or written.")
-  assert out.count("no baseline for 'logits'; wrote one") == 1
+  assert _failures(out).count("no baseline for 'logits'; wrote one") == 1
   manifest = json.loads((pytester.path / "_regression" / "test_dup" / "logits" /
                          "manifest.json").read_text())
   assert manifest["test"] == first  # recorded by the first, not overwritten by the second
