@@ -296,6 +296,38 @@ def test_plugin_html_page_of_the_sessions_failing_checks(pytester):
     assert (pytester.path / "_regression" / "test_bn" / f"{name}.obtained").is_dir()
 
 
+KEYWORD_TEST = """
+import jax.numpy as jnp
+import numpy as np
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+
+
+def scaled(x, factor=1.0, name="a"):
+  return x * factor if name == "a" else -x
+
+
+def test_keywords(nnx_regression):
+  nnx_regression.check("keywords", scaled, X, factor={factor}, call_kwargs={{"name": "a"}})
+"""
+
+
+def test_plugin_jit_only_option_and_keyword_calls(pytester):
+  # `name` is the check's own argument: the call's goes through call_kwargs.
+  pytester.makepyfile(test_kw=KEYWORD_TEST.format(factor=2.0))
+  pytester.runpytest(*PLUGIN, "--nnx-regression-jit-only")
+  manifest = json.loads(
+      (pytester.path / "_regression" / "test_kw" / "keywords" / "manifest.json").read_text())
+  assert manifest["call"] == {"kwargs": {"factor": 2.0, "name": "a"}, "eager": False}
+  x = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+  np.testing.assert_array_equal(store.read_baseline(
+      pytester.path / "_regression" / "test_kw" / "keywords").arrays["output"], x * 2)
+  pytester.makepyfile(test_kw=KEYWORD_TEST.format(factor=3.0))
+  result = pytester.runpytest(*PLUGIN)  # with the eager run this time
+  result.assert_outcomes(failed=1)
+  result.stdout.fnmatch_lines(["call keyword `factor`: 2.0 -> 3.0"])
+
+
 def test_plugin_html_needs_a_writable_place(pytester):
   _bn(pytester)
   result = pytester.runpytest(*PLUGIN, "--nnx-regression-html", str(pytester.path / "no" / "p"))
@@ -329,34 +361,3 @@ def test_plugin_does_not_advise_deleting_baselines_of_tests_that_failed_before_c
       "  *_regression*test_bn*logits (test_bn.py::test_logits)",
   ])
 
-
-KEYWORD_TEST = """
-import jax.numpy as jnp
-import numpy as np
-
-X = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
-
-
-def scaled(x, factor=1.0, name="a"):
-  return x * factor if name == "a" else -x
-
-
-def test_keywords(nnx_regression):
-  nnx_regression.check("keywords", scaled, X, factor={factor}, call_kwargs={{"name": "a"}})
-"""
-
-
-def test_plugin_jit_only_option_and_keyword_calls(pytester):
-  # `name` is the check's own argument: the call's goes through call_kwargs.
-  pytester.makepyfile(test_kw=KEYWORD_TEST.format(factor=2.0))
-  pytester.runpytest(*PLUGIN, "--nnx-regression-jit-only")
-  manifest = json.loads(
-      (pytester.path / "_regression" / "test_kw" / "keywords" / "manifest.json").read_text())
-  assert manifest["call"] == {"kwargs": {"factor": 2.0, "name": "a"}, "eager": False}
-  x = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
-  np.testing.assert_array_equal(store.read_baseline(
-      pytester.path / "_regression" / "test_kw" / "keywords").arrays["output"], x * 2)
-  pytester.makepyfile(test_kw=KEYWORD_TEST.format(factor=3.0))
-  result = pytester.runpytest(*PLUGIN)  # with the eager run this time
-  result.assert_outcomes(failed=1)
-  result.stdout.fnmatch_lines(["call keyword `factor`: 2.0 -> 3.0"])
