@@ -360,4 +360,3 @@ def test_plugin_does_not_advise_deleting_baselines_of_tests_that_failed_before_c
       "before its check (keep them):",
       "  *_regression*test_bn*logits (test_bn.py::test_logits)",
   ])
-
