@@ -329,3 +329,29 @@ def test_a_failure_prints_each_block_once(recorded):
                                                     training=False, eager=False)))
   blocks = [line for line in text.splitlines() if line and not line.startswith(" ")]
   assert len(blocks) == len(set(blocks)), [b for b in blocks if blocks.count(b) > 1]
+
+
+# ------------------------------------------------------------------- the real size
+
+
+@pytest.mark.integration  # its own CI step (`make test-integration`), outside the 240 s suite
+def test_the_4m_parameter_effnet_under_jit_only(tmp_path):
+  # EffNet() at full size (4,020,358 parameters) on 2x64x64 images, checked as a user of a
+  # large model would: under jit only, the weights stored. Its logits are still of order
+  # 1e-7, and a 5% change of them is caught.
+  model = effnet_cheaply()
+  assert _EFFNET["parameter_count"](model) == 4_020_358
+  guard = Guard(tmp_path / "test_effnet")
+  guard.check("logits", model, X, training=False, store_params=True, eager=False)
+  guard.check_grad("grads", cross_entropy, model, X, LABELS, training=False, eager=False)
+  logits = _stored(tmp_path / "test_effnet", "logits").arrays["output"]
+  assert np.abs(logits).max() < 1e-5
+  model.classifier.kernel[...] = model.classifier.kernel[...] * 1.05
+  failure = _failure(lambda: guard.check("logits", model, X, training=False, store_params=True,
+                                         eager=False))
+  (row,) = failure.outcome.report.rows
+  assert row.max_rel == pytest.approx(0.05, rel=1e-3)
+  sizes = {p.name: p.stat().st_size for p in (tmp_path / "test_effnet").rglob("*") if p.is_file()}
+  weights = sum(p.stat().st_size for p in (tmp_path / "_weights").rglob("*") if p.is_file())
+  # float32 weights barely compress (16 MB of them), the gradients somewhat.
+  assert weights >= 4 * 4_020_358 * 0.9 and sum(sizes.values()) <= 20e6, (weights, sizes)
