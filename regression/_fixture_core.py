@@ -60,7 +60,7 @@ from nnx_pool.regression.report import FailedArray, Report, Row, Timing, recorde
 from nnx_pool.regression.runner import compile_and_time, eager_key, split_callable, to_numpy
 from nnx_pool.regression.stamp import stamp_changes
 from nnx_pool.regression.store import Baseline, BaselineError
-from nnx_pool.regression.tolerance import Tolerance, is_float, tolerance_for
+from nnx_pool.regression.tolerance import Tolerance, floored, is_float, scales, tolerance_for
 
 KIND = "pytest"
 OBTAINED_KIND = "pytest-obtained"
@@ -91,6 +91,11 @@ class Recording:
     weights_set: the stored weight set the run loaded (its 16-hex name), or None.
     jit_eager_agree: whether every eager result is within tolerance of the jit one.
     compile_s, steady_s: compile time and steady-state median of the jitted call.
+    call: how the check called the model, ``{"kwargs": {name: value}, "eager": bool}``
+      (keyword arrays are inputs, ``input/<name>``); None when not known (read from disk).
+    policy: ``policy(key, dtype, scale)``, the tolerance of a result whose baseline has
+      that scale (:func:`~nnx_pool.regression.tolerance.scales`); None when not known.
+    rename: the stored paths' new names (``store_params``'s ``rename``), as a function.
   """
 
   mode: str
@@ -105,6 +110,15 @@ class Recording:
   jit_eager_agree: bool = True
   compile_s: float | None = None
   steady_s: float | None = None
+  call: dict[str, Any] | None = None
+  policy: Callable[[str, np.dtype, float | None], Tolerance] | None = dataclasses.field(
+      default=None, repr=False)
+  rename: Callable[[str], str] | None = dataclasses.field(default=None, repr=False)
+
+  def floored(self) -> list[str]:
+    """The results whose tolerance had to be floored: all zero or subnormal."""
+    return [key for key, tol in self.tolerances.items()
+            if key in self.results and floored(tol, self.results[key].dtype)]
 
 
 # ----------------------------------------------------------------------- running
@@ -121,25 +135,72 @@ def _flatten(prefix: str, tree: Any, separator: str = "/") -> dict[str, np.ndarr
   return out
 
 
-def as_input(value: Any, index: int) -> jax.Array:
+def as_input(value: Any, index: int | str) -> jax.Array:
   """An input as a JAX array; anything but an array or a number is refused."""
   if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool)):
     return jnp.asarray(value)
+  where = f"inputs[{index}]" if isinstance(index, int) else index
   raise TypeError(
-      f"`inputs[{index}]` must be an array; got {type(value).__name__}. "
+      f"`{where}` must be an array; got {type(value).__name__}. "
       "Pass arrays positionally: check(name, module, x, y)."
   )
 
 
+def _json_static(value: Any) -> Any:
+  """A static call keyword as JSON (tuples as lists); raises TypeError for anything else."""
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  if isinstance(value, tuple):
+    return [_json_static(item) for item in value]
+  raise TypeError(type(value).__name__)
+
+
+def call_keywords(kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+  """Splits a check's call keywords: ``(static, arrays)``.
+
+  Python bools, numbers, strings, None and tuples of them are static (closed over, so
+  ``jax.jit`` sees Python values, as ``training=False`` needs); arrays are traced inputs.
+
+  Raises:
+    TypeError: a keyword is neither.
+  """
+  static, arrays = {}, {}
+  for name, value in (kwargs or {}).items():
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+      arrays[name] = jnp.asarray(value)
+      continue
+    try:
+      _json_static(value)
+    except TypeError:
+      raise TypeError(
+          f"call keyword `{name}` must be an array or a Python bool, int, float, str, None or a "
+          f"tuple of them; got {type(value).__name__} ({value!r}).") from None
+    static[name] = value
+  return static, arrays
+
+
+def _start(mode: str, inputs: Sequence[Any], kwargs: Mapping[str, Any] | None, eager: bool
+           ) -> tuple[Recording, tuple[jax.Array, ...], dict[str, Any], dict[str, jax.Array]]:
+  """The recording of a run with its inputs and call; ``(rec, inputs, static, arrays)``."""
+  xs = tuple(as_input(x, i) for i, x in enumerate(inputs))
+  static, arrays = call_keywords(kwargs)
+  rec = Recording(mode, call={"kwargs": {k: _json_static(v) for k, v in sorted(static.items())},
+                              "eager": bool(eager)})
+  rec.inputs = {f"input/{i}": to_numpy(x) for i, x in enumerate(xs)}
+  rec.inputs.update({f"input/{name}": to_numpy(x) for name, x in arrays.items()})
+  return rec, xs, static, arrays
+
+
 def _prepare(model: nnx.Module, weights: Mapping[str, np.ndarray] | None, store_params: bool,
-             rec: Recording) -> nnx.Module:
+             rec: Recording, rename: Any = None) -> nnx.Module:
   """Describes the model into ``rec``; returns the module to run (a copy when weights load)."""
   rec.model = {"type": type(model).__name__, "schema": model_state.schema(model),
-               "modes": model_state.modes(model)}
+               "modes": model_state.modes(model), "config": model_state.configs(model)}
+  rec.rename = model_state.renamer(rename)
   if weights is not None:
     rec.fresh = model_state.weight_fingerprints(model)
     model = nnx.merge(*nnx.split(model), copy=True)
-    model_state.load_weights(model, weights)
+    model_state.load_weights(model, weights, rename)
   rec.model["weights"] = model_state.weight_fingerprints(model)
   if store_params:
     rec.weight_arrays = model_state.storable(model)
@@ -150,10 +211,29 @@ def _eager_copy(model: nnx.Module) -> nnx.Module:
   return nnx.merge(*nnx.split(model), copy=True)
 
 
+def _layers(rec: Recording, model: nnx.Module, run: Callable[[nnx.Module], Any],
+            eager: bool) -> Any:
+  """Runs ``run`` on a copy of ``model``, eagerly with :func:`~nnx_pool.regression.
+  model_state.capture` (every submodule's output), or only traced (call order, shapes and
+  modes: ``eager=False``); records the layers and the modes they ran in. Returns the eager
+  result (None when traced)."""
+  out = None
+  if eager:
+    copy = _eager_copy(model)
+    with model_state.capture(copy) as calls:
+      out = run(copy)
+  else:
+    calls = model_state.traced_calls(model, run)
+  rec.model["layers"] = calls  # pyright: ignore[reportOptionalSubscript]  # set by _prepare
+  rec.model["modes_used"] = model_state.modes_used(calls)  # pyright: ignore[reportOptionalSubscript]
+  return out
+
+
 def execute(module_or_fn: Any, inputs: Sequence[Any], *, rtol: float | None,
             atol: float | None, weights: Mapping[str, np.ndarray] | None = None,
-            store_params: bool = False) -> Recording:
-  """Runs ``module_or_fn(*inputs)`` under jit (after warmup) and eagerly.
+            store_params: bool = False, kwargs: Mapping[str, Any] | None = None,
+            eager: bool = True, rename: Any = None) -> Recording:
+  """Runs ``module_or_fn(*inputs, **kwargs)`` under jit (after warmup) and eagerly.
 
   Args:
     module_or_fn: an ``nnx.Module`` or a function of arrays.
@@ -161,38 +241,41 @@ def execute(module_or_fn: Any, inputs: Sequence[Any], *, rtol: float | None,
     rtol, atol: overrides of the output tolerance.
     weights: stored weights to load into (a copy of) the module before it runs.
     store_params: keep the module's state in the recording, to store.
+    kwargs: keyword arguments of the call (:func:`call_keywords`).
+    eager: also run it eagerly, recording every submodule's output; False runs it under
+      jit only (a module is then traced once more for its layers' shapes and modes).
+    rename: the stored weights' new paths (``store_params``'s ``rename``).
   """
-  xs = tuple(as_input(x, i) for i, x in enumerate(inputs))
-  rec = Recording("check")
-  rec.inputs = {f"input/{i}": to_numpy(x) for i, x in enumerate(xs)}
+  rec, xs, static, arrays = _start("check", inputs, kwargs, eager)
+  args = (*xs, *arrays.values())
   target = module_or_fn
   if isinstance(module_or_fn, nnx.Module):
-    target = _prepare(module_or_fn, weights, store_params, rec)
-  apply, params, rest = split_callable(target)
-  out, rec.compile_s, rec.steady_s = compile_and_time(apply, (params, rest, *xs))
+    target = _prepare(module_or_fn, weights, store_params, rec, rename)
+  apply, params, rest = split_callable(target, static, tuple(arrays))
+  out, rec.compile_s, rec.steady_s = compile_and_time(apply, (params, rest, *args))
   rec.results = _flatten("output", out)
   if isinstance(target, nnx.Module):
-    copy = _eager_copy(target)
-    with model_state.capture(copy) as calls:
-      eager = copy(*xs)
-    rec.model["layers"] = calls  # pyright: ignore[reportOptionalSubscript]  # set by _prepare
+    result = _layers(rec, target, lambda m: m(*xs, **static, **arrays), eager)
   else:
-    eager = apply(params, rest, *xs)
-  rec.eager = _flatten("output", eager)
-  _settle(rec, lambda key, dtype: tolerance_for("model", "output", dtype, rtol=rtol, atol=atol))
+    result = apply(params, rest, *args) if eager else None
+  rec.eager = _flatten("output", result) if eager else {}
+  _settle(rec, lambda key, dtype, scale: tolerance_for(
+      "model", "output", dtype, rtol=rtol, atol=atol, scale=scale))
   return rec
 
 
 def execute_grad(loss_fn: Callable[..., Any], model: nnx.Module, inputs: Sequence[Any], *,
                  wrt: Any, rtol: float | None, atol: float | None,
                  weights: Mapping[str, np.ndarray] | None = None,
-                 store_params: bool = False) -> Recording:
-  """Runs ``loss_fn(model, *inputs)`` and its gradient with respect to ``wrt`` state.
+                 store_params: bool = False, kwargs: Mapping[str, Any] | None = None,
+                 eager: bool = True, rename: Any = None) -> Recording:
+  """Runs ``loss_fn(model, *inputs, **kwargs)`` and its gradient with respect to ``wrt`` state.
 
   The gradient is ``nnx.grad``'s: of the loss with respect to the model's variables that
   ``wrt`` selects (an ``nnx`` filter, ``nnx.Param`` by default), every other variable held
   fixed. Both come in as arguments of the jitted function, so BatchNorm statistics, RNG
-  state and the rest work under the trace.
+  state and the rest work under the trace. ``kwargs``, ``eager`` and ``rename`` are as
+  for :func:`execute`.
 
   Raises:
     TypeError: ``loss_fn`` is not callable or ``model`` is not an ``nnx.Module``.
@@ -204,42 +287,50 @@ def execute_grad(loss_fn: Callable[..., Any], model: nnx.Module, inputs: Sequenc
   if not isinstance(model, nnx.Module):
     raise TypeError(f"`model` must be an nnx.Module; got {type(model).__name__}. For a plain "
                     "function, take its gradient yourself and use check().")
-  xs = tuple(as_input(x, i) for i, x in enumerate(inputs))
-  rec = Recording("check_grad")
-  rec.inputs = {f"input/{i}": to_numpy(x) for i, x in enumerate(xs)}
-  target = _prepare(model, weights, store_params, rec)
+  rec, xs, static, arrays = _start("check_grad", inputs, kwargs, eager)
+  names = tuple(arrays)
+  target = _prepare(model, weights, store_params, rec, rename)
   graphdef, diff, rest = nnx.split(target, wrt, ...)
   if not jax.tree_util.tree_leaves(diff):
     raise ValueError(f"`wrt` selects no variable of the model; got {wrt!r}. Pass an nnx filter "
                      "such as nnx.Param (the default).")
 
-  def loss(diff, rest, *xs):
-    return loss_fn(nnx.merge(graphdef, diff, rest, copy=True), *xs)
+  def call(model: nnx.Module, *args: Any) -> Any:
+    return loss_fn(model, *args[:len(xs)], **static, **dict(zip(names, args[len(xs):],
+                                                                 strict=True)))
 
-  shape = jax.eval_shape(loss, diff, rest, *xs)
+  def loss(diff, rest, *args):
+    return call(nnx.merge(graphdef, diff, rest, copy=True), *args)
+
+  args = (*xs, *arrays.values())
+  shape = jax.eval_shape(loss, diff, rest, *args)
   if getattr(shape, "shape", None) != () or not is_float(shape.dtype):
     raise ValueError(
         f"`loss_fn` must return a floating scalar; got {getattr(shape, 'dtype', type(shape))}"
         f"{list(getattr(shape, 'shape', []))}. Reduce it, e.g. return jnp.mean(...).")
 
-  def apply(diff, rest, *xs):
-    return jax.value_and_grad(loss)(diff, rest, *xs)
+  def apply(diff, rest, *args):
+    return jax.value_and_grad(loss)(diff, rest, *args)
 
-  (value, grads), rec.compile_s, rec.steady_s = compile_and_time(apply, (diff, rest, *xs))
+  (value, grads), rec.compile_s, rec.steady_s = compile_and_time(apply, (diff, rest, *args))
   rec.results = {"loss": to_numpy(value), **_flatten("grad", grads)}
-  value, grads = apply(diff, rest, *xs)
-  rec.eager = {"loss": to_numpy(value), **_flatten("grad", grads)}
-  copy = _eager_copy(target)
-  with model_state.capture(copy) as calls:
-    loss_fn(copy, *xs)
-  rec.model["layers"] = calls  # pyright: ignore[reportOptionalSubscript]  # set by _prepare
-  _settle(rec, lambda key, dtype: tolerance_for(
-      "gradient", "output" if key == "loss" else "grad_params", dtype, rtol=rtol, atol=atol))
+  if eager:
+    value, grads = apply(diff, rest, *args)
+    rec.eager = {"loss": to_numpy(value), **_flatten("grad", grads)}
+  _layers(rec, target, lambda m: call(m, *args), eager)
+  _settle(rec, lambda key, dtype, scale: tolerance_for(
+      "gradient", "output" if key == "loss" else "grad_params", dtype, rtol=rtol, atol=atol,
+      scale=scale))
   return rec
 
 
-def _settle(rec: Recording, tolerance: Callable[[str, np.dtype], Tolerance]) -> None:
-  rec.tolerances = {key: tolerance(key, value.dtype) for key, value in rec.results.items()}
+def _settle(rec: Recording, policy: Callable[[str, np.dtype, float | None], Tolerance]) -> None:
+  """Gives every result its tolerance, scaled to the result itself (the baseline it becomes;
+  :func:`compare` scales it to the stored one), and says whether jit and eager agree."""
+  rec.policy = policy
+  scale = scales(rec.results)
+  rec.tolerances = {key: policy(key, value.dtype, scale.get(key))
+                    for key, value in rec.results.items()}
   rec.jit_eager_agree = all(
       compare_arrays(rec.eager[key], value, rec.tolerances[key]).passed
       for key, value in rec.results.items() if key in rec.eager)
@@ -347,6 +438,7 @@ def _fields(rec: Recording, stamp: Mapping[str, Any], *, nodeid: str, name: str,
       "timing": {"compile_s": rec.compile_s, "steady_s": rec.steady_s},
       "model": rec.model,
       "weights_set": weights_set,
+      "call": rec.call,
   }
 
 
@@ -510,13 +602,16 @@ def _v2_weights(base: Baseline) -> list[dict[str, Any]]:
 
 @overload
 def _weights_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
-                  *, loaded: Literal[True], order: Sequence[str]) -> str: ...
+                  *, loaded: Literal[True], order: Sequence[str],
+                  pairs: Mapping[str, str] | None = None) -> str: ...
 @overload
 def _weights_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
-                  *, loaded: bool, order: Sequence[str]) -> str | None: ...
+                  *, loaded: bool, order: Sequence[str],
+                  pairs: Mapping[str, str] | None = None) -> str | None: ...
 def _weights_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
-                  *, loaded: bool, order: Sequence[str]) -> str | None:
-  differ, params, paths = model_state.weight_changes(before, now, order)
+                  *, loaded: bool, order: Sequence[str],
+                  pairs: Mapping[str, str] | None = None) -> str | None:
+  differ, params, paths = model_state.weight_changes(before, now, order, pairs)
   if loaded:
     if not paths:
       return "weights: the stored weights were loaded before running; fresh initialisation " \
@@ -538,13 +633,23 @@ def _spatial(key: str, array: np.ndarray) -> tuple[int, ...]:
   return tuple(range(1, array.ndim - 1))
 
 
+# Schema changes listed in a failure's headline, at most (grouped by submodule pattern).
+MAX_SCHEMA_LINES = 20
+
+
 def compare(base: Baseline, rec: Recording, stamp: Mapping[str, Any], *, name: str) -> Report:
   """Compares a recording with a fixture baseline.
 
   The report's first lines (:attr:`~nnx_pool.regression.report.Report.headline`) say what
-  changed about the model before any number: the state's schema, the mode flags, the
-  weights, the inputs, and the first submodule whose output moved. Then one row per result
-  (two, ``[jit]`` and ``[eager]``, where the two disagree with each other).
+  changed about the model before any number: the call's keywords, the state's schema, the
+  modes the layers ran in, the weights, the inputs, and the first submodule whose output
+  moved. Then one row per result (two, ``[jit]`` and ``[eager]``, where the two disagree
+  with each other).
+
+  Each result is compared under the tolerance its baseline array's scale gives
+  (:func:`~nnx_pool.regression.tolerance.scales`), never the new result's. A schema change
+  whose results all pass (a refactor that renamed variables and kept every number) passes:
+  the headline is then the one line that says so.
 
   Returns:
     The report, exit code 1 when anything differs, else 0.
@@ -556,8 +661,8 @@ def compare(base: Baseline, rec: Recording, stamp: Mapping[str, Any], *, name: s
   timing = manifest.get("timing", {})
   report.timings.append(
       Timing(name, timing.get("compile_s"), rec.compile_s, timing.get("steady_s"), rec.steady_s))
+  problems = 0  # headline lines that make the check fail; the others inform
   lines = report.headline
-  problems = 0  # lines that make the check fail; the others inform
   version = manifest.get("format_version")
   old_model = manifest.get("model") or {}
   if version == 2:
@@ -568,42 +673,116 @@ def compare(base: Baseline, rec: Recording, stamp: Mapping[str, Any], *, name: s
   if manifest.get("mode", "check") != rec.mode:
     lines.append(f"the baseline was recorded by {manifest.get('mode', 'check')}(), this run is "
                  f"{rec.mode}(); re-record it")
+  if rec.call is not None:
+    lines += _call_changes((manifest.get("call") or {}).get("kwargs", {}), rec.call["kwargs"])
+  problems += len(lines) - count
   model = rec.model or {}
+  pairs: dict[str, str] = {}
+  schema: list[str] = []
   if old_model.get("schema") is not None and model.get("schema") is not None:
-    lines += model_state.schema_changes(old_model["schema"], model["schema"])
-  if old_model.get("modes") is not None and model.get("modes") is not None:
+    pairs = model_state.renames(old_model["schema"], model["schema"],
+                                weights_before=old_model.get("weights"),
+                                weights_now=model.get("weights"), rename=rec.rename)
+    schema = model_state.schema_changes(old_model["schema"], model["schema"], pairs,
+                                        limit=MAX_SCHEMA_LINES)
+  lines += schema  # they fail the check only with a result that fails (below)
+  count = len(lines)
+  if old_model.get("modes_used") is not None and model.get("modes_used") is not None:
+    lines += model_state.mode_changes(old_model["modes_used"], model["modes_used"], used=True)
+  elif old_model.get("modes") is not None and model.get("modes") is not None:
     lines += model_state.mode_changes(old_model["modes"], model["modes"])
+  problems += len(lines) - count
   before = old_model.get("weights") if version != 2 else _v2_weights(base)
   if before is not None and model.get("weights") is not None:
-    problems += len(lines) - count
     order = [call["path"] for call in model.get("layers") or ()]
     if rec.fresh is not None:
-      lines.append(_weights_line(before, rec.fresh, loaded=True, order=order))  # informs only
+      lines.append(_weights_line(before, rec.fresh, loaded=True, order=order,
+                                 pairs=pairs))  # informs only
     else:
       now = model["weights"] if version != 2 else [w for w in model["weights"]
                                                     if w["type"] == "Param"]
-      line = _weights_line(before, now, loaded=False, order=order)
+      line = _weights_line(before, now, loaded=False, order=order, pairs=pairs)
       lines += [line] if line else []
       problems += bool(line)
-    count = len(lines)
+  count = len(lines)
   lines += _input_problems(base.arrays, rec)
   problems += len(lines) - count
   keys = _result_keys(manifest)
+  _rescale(rec, base.arrays, keys)
   failing = False
-  for key in sorted(set(keys) | set(rec.results)):
+  for key in sorted(set(keys) | set(rec.results), key=model_state.natural):
     failing |= _rows_for(report, name, key, base.arrays, rec, key in keys)
   if failing and old_model.get("layers") and model.get("layers") is not None:
-    tol = next(iter(rec.tolerances.values()))
-    moved = model_state.first_moved(old_model["layers"], model["layers"], rtol=tol.rtol,
-                                    atol=tol.atol)
-    lines.append(moved or (
-        "every submodule's output is within tolerance of its fingerprint: the difference "
-        "arises in the model's own code after its last submodule" + (
-            ", or in the backward pass" if rec.mode == "check_grad" else "")))
+    lines.append(_first_moved(old_model, model, rec))
   if manifest.get("jit_eager_agree") and not rec.jit_eager_agree:
     report.notes.append("jit and eager results agreed in the baseline and now disagree")
+  if not (failing or problems or report.notes):
+    # It passes: the lines that only inform go, and a refactor that kept every number
+    # (the schema changed) gets the one line that says so.
+    lines[:] = [_refactor_line(old_model["schema"], model["schema"], pairs)] if schema else []
   report.exit_code = 1 if failing or problems or report.notes else 0
   return report
+
+
+def _rescale(rec: Recording, stored: Mapping[str, np.ndarray], keys: Sequence[str]) -> None:
+  """Gives each result the tolerance of its baseline array's scale (where the policy that
+  made the recording's tolerances is known, and the baseline holds the result)."""
+  if rec.policy is None:
+    return
+  have = [key for key in keys if key in rec.results and key in stored]
+  scale = scales({key: stored[key] for key in have})
+  for key in have:
+    rec.tolerances[key] = rec.policy(key, rec.results[key].dtype, scale.get(key))
+
+
+def _call_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+  """One line per call keyword that changed: ``call keyword `training`: False -> True``."""
+  lines = []
+  for key in sorted(set(before) | set(now)):
+    if key not in before:
+      lines.append(f"call keyword `{key}`: new, {now[key]!r} (the baseline's call did not pass it)")
+    elif key not in now:
+      lines.append(f"call keyword `{key}`: {before[key]!r} in the baseline, not passed now")
+    elif before[key] != now[key] or type(before[key]) is not type(now[key]):
+      lines.append(f"call keyword `{key}`: {before[key]!r} -> {now[key]!r}")
+  return lines
+
+
+def _refactor_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]],
+                   pairs: Mapping[str, str]) -> str:
+  """``schema changed, outputs identical: 28 leaves renamed under blocks.*.se (...)``."""
+  old, new = {e["path"] for e in before}, {e["path"] for e in now}
+  parts = [model_state.renamed_summary(pairs)] if pairs else []
+  gone, added = len(old - new - set(pairs)), len(new - old - set(pairs.values()))
+  changed = len(model_state.schema_changes(
+      [e for e in before if e["path"] in new], [e for e in now if e["path"] in old]))
+  parts += [f"{gone} gone"] if gone else []
+  parts += [f"{added} new"] if added else []
+  parts += [f"{changed} changed in type, shape or dtype"] if changed else []
+  return ("schema changed, outputs identical (within tolerance): " + "; ".join(parts)
+          + "; --nnx-regression-update records the new schema")
+
+
+def _first_moved(old_model: Mapping[str, Any], model: Mapping[str, Any], rec: Recording) -> str:
+  """The line that says where a failing model first moved."""
+  tol = next(iter(rec.tolerances.values()))
+  config_before, config_now = old_model.get("config"), model.get("config")
+  moved = model_state.first_moved(old_model["layers"], model["layers"], rtol=tol.rtol,
+                                  atol=tol.atol, config_before=config_before,
+                                  config_now=config_now)
+  if moved:
+    return moved
+  traced = any(call.get("traced") for layers in (old_model["layers"], model["layers"])
+               for call in layers)
+  if traced:
+    changed = model_state.config_changes(config_before or {}, config_now or {},
+                                         [call["path"] for call in model["layers"]])
+    return ("no per-layer values in a jit-only run (eager=False): which layer moved first is "
+            "not known; run it with eager=True to find it" + (
+                f". Configuration changed: {'; '.join(changed[:3])}" if changed else ""))
+  return ("every submodule's output is within tolerance of its fingerprint: the difference "
+          "arises in the model's own code after its last submodule" + (
+              ", or in the backward pass" if rec.mode == "check_grad" else ""))
 
 
 def _rows_for(report: Report, name: str, key: str, stored: Mapping[str, np.ndarray],

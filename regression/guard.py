@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -67,16 +68,62 @@ class RegressionFailure(AssertionError):
     self.outcome = outcome
 
 
-def _validate(name: Any, rtol: Any, atol: Any, allow_nonfinite: Any, store_params: Any) -> None:
+class RegressionNote(UserWarning):
+  """What a check wants its user to know without failing: a passing refactor that renamed
+  the model's variables, an array recorded with a floored tolerance."""
+
+
+def _validate(name: Any, rtol: Any, atol: Any, allow_nonfinite: Any, store_params: Any,
+              eager: Any = True, rename: Any = None) -> None:
   if not isinstance(name, str) or not NAME.match(name):
     raise ValueError(f"`name` must be letters, digits and _.- only; got {name!r}.")
   for bound, label in ((rtol, "rtol"), (atol, "atol")):
     if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
                                   and bound >= 0):
       raise ValueError(f"`{label}` must be a non-negative number or None; got {bound!r}.")
-  for flag, label in ((allow_nonfinite, "allow_nonfinite"), (store_params, "store_params")):
+  for flag, label in ((allow_nonfinite, "allow_nonfinite"), (store_params, "store_params"),
+                      (eager, "eager")):
     if not isinstance(flag, bool):
       raise TypeError(f"`{label}` must be a bool; got {flag!r}.")
+  if rename is not None and not callable(rename) and not (
+      isinstance(rename, Mapping) and all(isinstance(k, str) and isinstance(v, str) and k and v
+                                          for k, v in rename.items())):
+    raise TypeError(f"`rename` must be a mapping of path parts to new ones, e.g. "
+                    f"{{'se.conv_reduce': 'se.fc1'}}, or a function of a dotted path; got "
+                    f"{rename!r}.")
+
+
+def merged_keywords(call_kwargs: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+  """The keyword arguments a check passes to the model: ``**kwargs`` and ``call_kwargs``
+  (for names that are the check's own options, :data:`OWN_OPTIONS`), which may not share
+  a name."""
+  if call_kwargs is None:
+    return dict(kwargs)
+  if not isinstance(call_kwargs, Mapping) or not all(isinstance(k, str) for k in call_kwargs):
+    raise TypeError(f"`call_kwargs` must be a dict of keyword arguments for the call; got "
+                    f"{call_kwargs!r}.")
+  both = sorted(set(call_kwargs) & set(kwargs))
+  if both:
+    raise ValueError(f"call keyword {both[0]!r} is given twice, as a keyword argument and in "
+                     f"`call_kwargs`; pass it once.")
+  return {**kwargs, **call_kwargs}
+
+
+def _told(outcome: Outcome, rec: core.Recording | None, name: str) -> Outcome:
+  """Warns what a check has to say without failing: a refactor that passed (its headline's
+  one line), results recorded with a floored tolerance."""
+  report = outcome.report
+  if outcome.status == "passed" and report is not None and report.headline:
+    outcome.message = f"nnx_regression: {name!r} passed; " + "; ".join(report.headline)
+    warnings.warn(outcome.message, RegressionNote, stacklevel=3)
+  if outcome.status in ("written", "updated") and rec is not None and rec.floored():
+    keys = rec.floored()
+    warnings.warn(
+        f"nnx_regression: {name!r}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''} "
+        f"({len(keys)} result(s)) hold no normal number (all zero or subnormal), so their "
+        "tolerance could not follow their scale and was floored: they must stay (almost) "
+        "exactly zero. Pass atol= if they may move.", RegressionNote, stacklevel=3)
+  return outcome
 
 
 class Guard:
@@ -116,40 +163,68 @@ class Guard:
 
   def check(self, name: str, module_or_fn: Any, *inputs: Any, rtol: float | None = None,
             atol: float | None = None, allow_nonfinite: bool = False,
-            store_params: bool = False) -> Outcome:
-    """Compares ``module_or_fn(*inputs)``, jit and eager, with the baseline ``name``.
+            store_params: bool = False, eager: bool = True, rename: Any = None,
+            call_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> Outcome:
+    """Compares ``module_or_fn(*inputs, **kwargs)``, jit and eager, with the baseline ``name``.
 
     Args:
       name: the baseline's name (letters, digits and ``_.-``).
       module_or_fn: an ``nnx.Module`` or a function of arrays.
       *inputs: the arrays to call it with.
-      rtol, atol: the output tolerance (default: per dtype, kind ``model``).
+      rtol, atol: the output tolerance (default: per dtype, kind ``model``, its ``atol``
+        scaled to each baseline array's magnitude: :mod:`nnx_pool.regression.tolerance`).
       allow_nonfinite: record outputs that hold NaN or infinity (default: refuse them).
       store_params: store the module's weights whole (once per set of weights, shared by
         every baseline that stores the same) and load them into it before it runs, so that
         a changed initialisation cannot move an output; by default only their fingerprint
         is stored.
+      eager: also run the call eagerly, comparing its result too and recording every
+        submodule's output, which names the first layer that moved (default). False runs
+        it under ``jax.jit`` only: much faster on a large model, but a failure cannot say
+        which layer moved first (only shapes, modes and configurations are compared), and
+        jit and eager are not compared.
+      rename: with ``store_params``, the new names of the stored weights' paths, for a
+        model whose variables were renamed: a mapping of path parts
+        (``{"se.conv_reduce": "se.fc1"}``) or a function of a dotted path.
+      call_kwargs: keyword arguments for the call whose names are this method's own
+        (``call_kwargs={"name": ...}``); the others can be given directly.
+      **kwargs: keyword arguments for the call (``training=False``): Python bools,
+        numbers, strings (static under ``jax.jit``) or arrays (traced, stored as inputs).
+        They are recorded, and a change of them is reported first.
 
     Returns:
-      The :class:`Outcome` (``passed``, ``written`` or ``updated``).
+      The :class:`Outcome` (``passed``, ``written`` or ``updated``). A pass after a
+      refactor that renamed variables (every result within tolerance) warns
+      :class:`RegressionNote`, as does recording an all-zero result.
 
     Raises:
-      RegressionFailure: the outputs, the model's schema, modes, weights or inputs moved,
-        or nothing could be compared; its message is the report.
+      RegressionFailure: the outputs, the model's schema, modes, weights, inputs or call
+        keywords moved, or nothing could be compared; its message is the report.
       ValueError, TypeError: a malformed argument.
     """
     __tracebackhide__ = True
-    _validate(name, rtol, atol, allow_nonfinite, store_params)
+    _validate(name, rtol, atol, allow_nonfinite, store_params, eager, rename)
+    keywords = merged_keywords(call_kwargs, kwargs)
     if store_params and not isinstance(module_or_fn, nnx.Module):
       raise TypeError(f"`store_params=True` needs an nnx.Module; got "
                       f"{type(module_or_fn).__name__}, which has no parameters to store.")
-    return self._run(name, allow_nonfinite, store_params, lambda weights: core.execute(
-        module_or_fn, inputs, rtol=rtol, atol=atol, weights=weights, store_params=store_params))
+    recs: list[core.Recording] = []
+
+    def execute(weights: Any) -> core.Recording:
+      recs.append(core.execute(module_or_fn, inputs, rtol=rtol, atol=atol, weights=weights,
+                               store_params=store_params, kwargs=keywords, eager=eager,
+                               rename=rename))
+      return recs[-1]
+
+    return _told(self._run(name, allow_nonfinite, store_params, execute),
+                 recs[-1] if recs else None, name)
 
   def check_grad(self, name: str, loss_fn: Callable[..., Any], model: nnx.Module, *inputs: Any,
                  wrt: Any = nnx.Param, rtol: float | None = None, atol: float | None = None,
-                 allow_nonfinite: bool = False, store_params: bool = False) -> Outcome:
-    """Compares ``loss_fn(model, *inputs)`` and its gradient with the baseline ``name``.
+                 allow_nonfinite: bool = False, store_params: bool = False, eager: bool = True,
+                 rename: Any = None, call_kwargs: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> Outcome:
+    """Compares ``loss_fn(model, *inputs, **kwargs)`` and its gradient with the baseline ``name``.
 
     The gradient is the one ``nnx.grad(loss_fn, argnums=nnx.DiffState(0, wrt))`` gives,
     with respect to the variables of ``model`` that ``wrt`` selects; both are run under
@@ -158,19 +233,30 @@ class Guard:
     any other state of the model may be there, in train or eval mode.
 
     Args:
-      name, rtol, atol, allow_nonfinite, store_params: as for :meth:`check`.
-      loss_fn: ``loss_fn(model, *inputs)``, returning a floating scalar.
+      name, rtol, atol, allow_nonfinite, store_params, eager, rename, call_kwargs: as for
+        :meth:`check` (``eager=False`` skips the eager gradient, which compiles every
+        operation of the backward pass one by one: most of the cost on a large model).
+      loss_fn: ``loss_fn(model, *inputs, **kwargs)``, returning a floating scalar.
       model: the ``nnx.Module`` to differentiate.
       *inputs: the arrays to call ``loss_fn`` with after the model.
       wrt: an nnx filter of the variables to differentiate by (default ``nnx.Param``).
+      **kwargs: keyword arguments for ``loss_fn``, as for :meth:`check`.
 
     Returns, Raises: as :meth:`check`.
     """
     __tracebackhide__ = True
-    _validate(name, rtol, atol, allow_nonfinite, store_params)
-    return self._run(name, allow_nonfinite, store_params, lambda weights: core.execute_grad(
-        loss_fn, model, inputs, wrt=wrt, rtol=rtol, atol=atol, weights=weights,
-        store_params=store_params))
+    _validate(name, rtol, atol, allow_nonfinite, store_params, eager, rename)
+    keywords = merged_keywords(call_kwargs, kwargs)
+    recs: list[core.Recording] = []
+
+    def execute(weights: Any) -> core.Recording:
+      recs.append(core.execute_grad(loss_fn, model, inputs, wrt=wrt, rtol=rtol, atol=atol,
+                                    weights=weights, store_params=store_params,
+                                    kwargs=keywords, eager=eager, rename=rename))
+      return recs[-1]
+
+    return _told(self._run(name, allow_nonfinite, store_params, execute),
+                 recs[-1] if recs else None, name)
 
   # ------------------------------------------------------------------ the one path
 

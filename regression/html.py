@@ -1,10 +1,11 @@
 """``check --html OUT``: the report as one self-contained HTML page.
 
-The page holds both environments' stamps side by side (changed values marked),
-what changed about a user's model before any number (its state's schema, its modes,
-its weights, the first submodule whose output moved: the report's headline),
-the table the CLI prints (one line per case, so a passing case takes one line;
-failures first, in the order of :data:`ORDER`), and a section for every failing
+The page holds the verdict, the table the CLI prints (one line per case, so a passing
+case takes one line; failures first, in the order of :data:`ORDER`), then what changed
+about a user's model (its state's schema, its modes, its weights, the first submodule
+whose output moved: the report's headline, which for a renamed model can be long, so
+it comes after the table), both environments' stamps side by side (changed values
+marked), and a section for every failing
 case, in the same order: its details and, for each failing array,
 one figure of three heatmaps, the baseline, the new result and
 ``|new - baseline|``, with the cells over tolerance outlined and the tolerance
@@ -140,10 +141,10 @@ def render_html(report: Report, *, progress: Progress | None = None) -> str:
   parts.append(f"<p>{' &middot; '.join(_e(s) for s in line)}</p>")
   rows = page_order(report.rows)
   parts += _headers(report)
-  if report.headline:
+  parts += _table(rows, summary)
+  if report.headline:  # after the table: a renamed model's schema list can be long
     parts += ["<h2>What changed first</h2>", '<ul class="details">',
               *(f"<li>{_e(line)}</li>" for line in report.headline), "</ul>"]
-  parts += _table(rows, summary)
   parts += _failures(rows, progress)
   parts += _stamps(report)
   timed = timing_lines(report.timings)

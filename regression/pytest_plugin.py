@@ -21,6 +21,9 @@ the non-finite values are the point.
 Options:
 
 * ``--nnx-regression-update`` rewrites the baselines of the tests that run.
+* ``--nnx-regression-jit-only`` runs every check under ``jax.jit`` only (``eager=False``
+  unless a check passes ``eager=True``): no eager run, so no first moved layer and no
+  jit/eager comparison, for a fraction of the time on a large model.
 * ``NNX_REGRESSION_CHECK_ONLY=1`` in the environment (:data:`CHECK_ONLY_ENV`) forbids
   writing: a missing baseline fails its test and nothing is written, a failing check's
   obtained results go to a temporary directory (the report names it), and
@@ -95,6 +98,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
       "--nnx-regression-dir", metavar="DIR", default=None,
       help="keep the nnx_regression baselines under DIR (mirroring the test directories "
            "relative to the rootdir) instead of in _regression/ beside each test module",
+  )
+  group.addoption(
+      "--nnx-regression-jit-only", action="store_true", default=False,
+      help="run the nnx_regression checks under jax.jit only, without their eager run "
+           "(much faster on a large model; a failure then cannot name the first layer that "
+           "moved); a check's own eager=True still runs it",
   )
   group.addoption(
       "--nnx-regression-html", metavar="OUT", default=None,
@@ -337,12 +346,20 @@ class Regression:
     """The baseline directory of ``name`` for the requesting test module."""
     return baseline_root(self._request.config, Path(self._request.node.path)) / name
 
+  def _eager(self, eager: bool | None) -> bool:
+    """A check's ``eager``: its own, else False under ``--nnx-regression-jit-only``."""
+    if eager is None:
+      return not self._request.config.getoption("nnx_regression_jit_only", False)
+    return eager
+
   def check(
       self, name: str, module_or_fn: Any, *inputs: Any,
       rtol: float | None = None, atol: float | None = None, allow_nonfinite: bool = False,
-      store_params: bool = False,
+      store_params: bool = False, eager: bool | None = None, rename: Any = None,
+      call_kwargs: Any = None, **kwargs: Any,
   ) -> None:
-    """Compares ``module_or_fn(*inputs)``, jit and eager, with the stored baseline ``name``.
+    """Compares ``module_or_fn(*inputs, **kwargs)``, jit and eager, with the stored baseline
+    ``name``.
 
     Args:
       name: the baseline's name, unique within the test module (letters,
@@ -350,12 +367,19 @@ class Regression:
       module_or_fn: an ``nnx.Module`` or a function of arrays.
       *inputs: the arrays to call it with.
       rtol: relative tolerance for floating outputs (default: per dtype).
-      atol: absolute tolerance for floating outputs (default: per dtype).
+      atol: absolute tolerance for floating outputs (default: per dtype, scaled to each
+        baseline array's magnitude).
       allow_nonfinite: record a baseline whose outputs hold NaN or infinity
         (default: refuse it, saying which output).
       store_params: store the module's weights whole (once per set of weights) and load
         them before running, so a changed initialisation cannot move the outputs (default:
         store a fingerprint of them, which says that the initialisation changed).
+      eager: also run it eagerly, naming the first layer that moved (default: True, or
+        False under ``--nnx-regression-jit-only``).
+      rename: with ``store_params``, the stored weights' new path parts
+        (``{"se.conv_reduce": "se.fc1"}``) or a function of a path.
+      call_kwargs: call keywords whose names are this method's own options.
+      **kwargs: keyword arguments for the call (``training=False``), recorded.
 
     Raises:
       ValueError: ``name`` is malformed or already used in this session.
@@ -364,14 +388,16 @@ class Regression:
     __tracebackhide__ = True
     self._run(name, lambda guard: guard.check(
         name, module_or_fn, *inputs, rtol=rtol, atol=atol, allow_nonfinite=allow_nonfinite,
-        store_params=store_params))
+        store_params=store_params, eager=self._eager(eager), rename=rename,
+        call_kwargs=call_kwargs, **kwargs))
 
   def check_grad(
       self, name: str, loss_fn: Any, model: Any, *inputs: Any, wrt: Any = None,
       rtol: float | None = None, atol: float | None = None, allow_nonfinite: bool = False,
-      store_params: bool = False,
+      store_params: bool = False, eager: bool | None = None, rename: Any = None,
+      call_kwargs: Any = None, **kwargs: Any,
   ) -> None:
-    """Compares ``loss_fn(model, *inputs)`` and its gradient by ``wrt`` (default
+    """Compares ``loss_fn(model, *inputs, **kwargs)`` and its gradient by ``wrt`` (default
     ``nnx.Param``) with the stored baseline ``name``; see
     :meth:`nnx_pool.regression.guard.Guard.check_grad`."""
     __tracebackhide__ = True
@@ -381,7 +407,8 @@ class Regression:
 
       return guard.check_grad(name, loss_fn, model, *inputs, wrt=nnx.Param if wrt is None else wrt,
                               rtol=rtol, atol=atol, allow_nonfinite=allow_nonfinite,
-                              store_params=store_params)
+                              store_params=store_params, eager=self._eager(eager),
+                              rename=rename, call_kwargs=call_kwargs, **kwargs)
 
     self._run(name, run)
 

@@ -31,7 +31,7 @@ import dataclasses
 import re
 import statistics
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -95,7 +95,8 @@ def to_numpy(x: Any) -> np.ndarray:
   return np.asarray(jax.device_get(x))
 
 
-def split_callable(obj: Any) -> tuple[Apply, Any, Any]:
+def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
+                   keywords: Sequence[str] = ()) -> tuple[Apply, Any, Any]:
   """Turns an NNX module or a function into ``apply(params, rest, *inputs)`` and its state.
 
   A module is split into its ``nnx.Param`` state and everything else (BatchNorm's
@@ -106,20 +107,31 @@ def split_callable(obj: Any) -> tuple[Apply, Any, Any]:
 
   Args:
     obj: an ``nnx.Module`` or a callable of arrays.
+    kwargs: keyword arguments every call gets as they are (``training=False``): closed
+      over, so static under ``jax.jit``.
+    keywords: the names of the last ``len(keywords)`` inputs, passed by keyword (arrays
+      given as keyword arguments, traced under ``jax.jit``).
 
   Returns:
     ``(apply, params, rest)``; ``params`` and ``rest`` are ``nnx.State`` objects, or None
     for a function.
   """
+  static = dict(kwargs or {})
+  names = tuple(keywords)
+
+  def call(target: Any, xs: tuple) -> Any:
+    positional = len(xs) - len(names)
+    return target(*xs[:positional], **static, **dict(zip(names, xs[positional:], strict=True)))
+
   if isinstance(obj, nnx.Module):
     graphdef, params, rest = nnx.split(obj, nnx.Param, ...)
 
     def apply(params, rest, *xs):
-      return nnx.merge(graphdef, params, rest, copy=True)(*xs)
+      return call(nnx.merge(graphdef, params, rest, copy=True), xs)
 
     return apply, params, rest
   if callable(obj):
-    return (lambda params, rest, *xs: obj(*xs)), None, None
+    return (lambda params, rest, *xs: call(obj, xs)), None, None
   raise TypeError(f"`obj` must be an nnx.Module or a callable; got {type(obj).__name__}.")
 
 

@@ -55,6 +55,38 @@ float64 2.2e-16, float32 1.2e-7, float16 9.8e-4, bfloat16 7.8e-3):
   eps = 1.2e-5 in float32. The tolerance is the gate gradient's, 4x the forward tolerance
   (float32 4e-5, float64 4e-12), capped at JAX's gradient-check numbers (float16 1e-2,
   bfloat16 1e-1); ``rtol``/``atol`` override it.
+* **The scale of a user's arrays** (kinds ``model`` and ``gradient``, when the test passes
+  no ``atol``). A fixed ``atol`` of 1e-5 is larger than every element of an array of size
+  1e-7 (the logits of a randomly initialised network in eval mode are that small), so it
+  would pass any change of them. The default ``atol`` of such an array follows the
+  baseline's own magnitude ``S``::
+
+    atol = min(fixed atol, SCALE_ULPS * eps * S),   SCALE_ULPS = 1024
+
+  ``S`` is the largest finite ``|x|`` of the baseline array; for a gradient leaf, at least
+  1/8 (:data:`MODULE_SHARE`) of the largest over its module's leaves, because rounding is
+  relative to the sum of ``|terms|`` of a reduction, not to ``|result|``: the gradient of a
+  bias in front of a train-mode BatchNorm is 0 in exact arithmetic, and float32 leaves
+  rounding noise of its terms' size, which its kernel's gradient measures. ``rtol`` keeps
+  its per-dtype value. The rule is measured, not derived (``python -m
+  benchmarks.tolerance_scale``): float32 against float64, eager against jit and the batch
+  split in two, for the logits and every gradient leaf of ``tests/_effnet.py`` (0.12 M and
+  4.0 M parameters), ``tests/_resnet.py`` (34 k and 8.0 M) and a three-layer CNN whose
+  convolutions have a bias before a BatchNorm, in units of ``eps * S``. In eval mode the
+  worst array moved by 22 (a margin of 46x under 1024); in train mode with BatchNorm over
+  enough numbers (the 8 M ResNet on 2x64x64 images, the CNN on 16x32x32) by 155 (6.6x),
+  the zero-in-exact-arithmetic biases by 89 (11x). A 5% change moves the largest element
+  by ``0.05 S`` = 420,000 ``eps * S``, 410x the tolerance. Not covered: a train-mode
+  BatchNorm that normalises over a handful of numbers per channel (a batch of 2 on 1x1 or
+  2x2 maps) is ill-conditioned, and float32 itself moves its model's results by 3,500 to
+  2e7 ``eps * S`` (up to 2% of the gradients and 80% of the logits of the 4 M
+  EfficientNet on 2x32x32): the fixed tolerance fails most of those too; check such a
+  model in eval mode or on larger inputs. Where ``S`` is 0 or subnormal (an all-zero
+  array) there is no scale: ``atol`` is floored at ``SCALE_ULPS * eps`` times the dtype's
+  smallest normal number, so the array must stay (almost) exactly zero, and recording it
+  warns, naming the array. The scale and the rule are written into the baseline with each
+  tolerance (``Tolerance.scale``, ``reason``); a comparison takes ``S`` from the baseline's
+  array, never from the new result.
 * **Integers and bools** are always exact.
 """
 
@@ -89,6 +121,13 @@ _FORWARD = {
 # the gates' float16 and bfloat16 reach.
 _GRADIENT_FACTOR = 4
 _JAX_GRADIENT = (1e-5, 2e-3, 1e-2, 1e-1)
+# The default atol of a user's array is at most this many eps of its scale (the module
+# docstring says how it was measured).
+SCALE_ULPS = 1024
+# A gradient leaf's scale is at least the largest of its module's leaves over this.
+MODULE_SHARE = 8
+# The kinds whose default atol follows the baseline's scale: a user's model and gradient.
+SCALED_KINDS = ("model", "gradient")
 # Each kind's family, and the reasons of its (forward, gradient) tolerances.
 _FAMILY = {
     "window": ("window", "window_fwd", "window_grad"),
@@ -157,12 +196,15 @@ class Tolerance:
     rtol: relative tolerance (0 unless ``rule == "allclose"``).
     atol: absolute tolerance (0 unless ``rule == "allclose"``).
     reason: one sentence saying why these numbers.
+    scale: for a user's array whose ``atol`` follows its magnitude, the baseline's largest
+      ``|x|`` it was scaled from (see the module docstring); None for a fixed ``atol``.
   """
 
   rule: Literal["exact", "allclose", "sum"]
   rtol: float = 0.0
   atol: float = 0.0
   reason: str = ""
+  scale: float | None = None
 
   def __post_init__(self):
     if self.rule not in ("exact", "allclose", "sum"):
@@ -181,17 +223,21 @@ class Tolerance:
     return "exact" if self.rule == "exact" else "sum exact"
 
   def to_json(self) -> dict[str, Any]:
-    """The JSON form stored in a manifest."""
-    return dataclasses.asdict(self)
+    """The JSON form stored in a manifest (``scale`` only where there is one)."""
+    data = dataclasses.asdict(self)
+    if self.scale is None:
+      del data["scale"]
+    return data
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any]) -> Tolerance:
     """Reads the form written by :meth:`to_json`."""
     if not isinstance(data, Mapping):
       raise TypeError(f"`data` must be a mapping; got {type(data).__name__}.")
+    scale = data.get("scale")
     return cls(
         rule=data["rule"], rtol=float(data["rtol"]), atol=float(data["atol"]),
-        reason=str(data["reason"]),
+        reason=str(data["reason"]), scale=None if scale is None else float(scale),
     )
 
 
@@ -229,6 +275,7 @@ def tolerance_for(
     *,
     rtol: float | None = None,
     atol: float | None = None,
+    scale: float | None = None,
 ) -> Tolerance:
   """Resolves the tolerance for one array.
 
@@ -238,6 +285,8 @@ def tolerance_for(
     dtype: the array's dtype.
     rtol: overrides the relative tolerance of a floating result (user tests).
     atol: overrides the absolute tolerance of a floating result (user tests).
+    scale: the baseline array's magnitude (:func:`scales`); for kinds ``model`` and
+      ``gradient`` without ``atol``, the default ``atol`` follows it (the module docstring).
 
   Returns:
     The :class:`Tolerance`, with its reason.
@@ -263,12 +312,60 @@ def tolerance_for(
   value = _rtol(family, dtype, grad=grad)
   if kind == "window_rel" and not grad:
     return Tolerance("allclose", value, _tiny(dtype), _REASONS[forward_reason])
-  if kind in ("model", "gradient") and (rtol is not None or atol is not None):
-    return Tolerance(
-        "allclose", value if rtol is None else float(rtol), value if atol is None else float(atol),
-        _REASONS["user"],
-    )
-  return Tolerance("allclose", value, value, _REASONS[gradient_reason if grad else forward_reason])
+  reason = _REASONS[gradient_reason if grad else forward_reason]
+  if kind not in SCALED_KINDS:
+    return Tolerance("allclose", value, value, reason)
+  if atol is not None:
+    return Tolerance("allclose", value if rtol is None else float(rtol), float(atol),
+                     _REASONS["user"])
+  if scale is None:
+    return Tolerance("allclose", value if rtol is None else float(rtol), value,
+                     reason if rtol is None else _REASONS["user"])
+  if rtol is not None:
+    reason = f"{_REASONS['user']} (rtol); atol: {reason}"
+  rtol = value if rtol is None else float(rtol)
+  return Tolerance("allclose", rtol, *_scaled_atol(value, float(scale), dtype, reason))
+
+
+def _scaled_atol(fixed: float, scale: float, dtype, reason: str) -> tuple[float, str, float]:
+  """``(atol, reason, scale)`` of an array of the given scale: see the module docstring."""
+  eps = float(ml_dtypes.finfo(np.dtype(dtype)).eps)
+  if not scale >= _tiny(dtype):  # 0, subnormal (or NaN: no finite element)
+    atol = SCALE_ULPS * eps * _tiny(dtype)
+    return atol, (f"{reason}; atol floored at {SCALE_ULPS} eps x the smallest normal "
+                  f"({atol:.1e}): the baseline is all zero or subnormal, so it must stay so"), \
+        (scale if scale == scale else 0.0)
+  atol = min(fixed, SCALE_ULPS * eps * scale)
+  return atol, (f"{reason}; atol = min({fixed:.0e}, {SCALE_ULPS} eps x the baseline's max|x| "
+                f"{scale:.3g})"), scale
+
+
+def floored(tol: Tolerance, dtype) -> bool:
+  """Whether ``tol`` was scaled from an array too small to scale from (all zero, subnormal)."""
+  return tol.scale is not None and not tol.scale >= _tiny(dtype)
+
+
+def scales(arrays: Mapping[str, np.ndarray]) -> dict[str, float]:
+  """The scale of each of a user's floating arrays: its largest finite ``|x|``; for a
+  gradient leaf (``grad/<module path>/<name>``), at least 1/:data:`MODULE_SHARE` of the
+  largest over its module's leaves.
+
+  Non-floating arrays are left out; an array without a finite element has scale 0.
+  """
+  own = {}
+  for key, value in arrays.items():
+    if not is_float(value.dtype):
+      continue
+    values = np.asarray(value, np.float64)
+    finite = np.abs(values[np.isfinite(values)])
+    own[key] = float(finite.max()) if finite.size else 0.0
+  group: dict[str, float] = {}
+  for key, value in own.items():
+    if key.startswith("grad/"):
+      module = key.rpartition("/")[0]
+      group[module] = max(group.get(module, 0.0), value)
+  return {key: max(value, group[key.rpartition("/")[0]] / MODULE_SHARE)
+          if key.startswith("grad/") else value for key, value in own.items()}
 
 
 def policy_table() -> list[dict[str, Any]]:

@@ -115,7 +115,18 @@ def resnet_cheaply(width: int = 64, num_classes: int = 10, seed: int = 0) -> Res
   """A :class:`ResNet` whose parameters come from NumPy (He-scaled normals) instead of its
   JAX initialisers, which take about 8 s of CPU at full width; for tests that need the
   model's size and layout, not Flax's initialisation. In eval mode."""
-  model = nnx.eval_shape(lambda: ResNet(width=width, num_classes=num_classes, rngs=nnx.Rngs(0)))
+  model = numpy_initialised(
+      lambda: ResNet(width=width, num_classes=num_classes, rngs=nnx.Rngs(0)), seed, gain=2.0)
+  model.eval()
+  return model
+
+
+def numpy_initialised(build, seed: int, *, gain: float):
+  """The module ``build()`` makes, its variables filled from NumPy instead of its JAX
+  initialisers (which compile once per shape, seconds on CPU): kernels normal with variance
+  ``gain / fan_in``, BatchNorm scale and variance 1, biases, means and counts 0, PRNG keys
+  ``jax.random.key(seed)``."""
+  model = nnx.eval_shape(build)
   rng = np.random.default_rng(seed)
   _, state = nnx.split(model)
   filled = {}
@@ -126,14 +137,11 @@ def resnet_cheaply(width: int = 64, num_classes: int = 10, seed: int = 0) -> Res
       value = jax.random.key(seed)
     elif name in ("scale", "var"):
       value = np.ones(leaf.shape, leaf.dtype)
-    elif name in ("bias", "mean"):
-      value = np.zeros(leaf.shape, leaf.dtype)
-    elif name == "count":
+    elif name in ("bias", "mean", "count"):
       value = np.zeros(leaf.shape, leaf.dtype)
     else:  # a kernel: fan-in scaled normals
       fan_in = int(np.prod(leaf.shape[:-1]))
-      value = (rng.standard_normal(leaf.shape) * np.sqrt(2.0 / fan_in)).astype(leaf.dtype)
+      value = (rng.standard_normal(leaf.shape) * np.sqrt(gain / fan_in)).astype(leaf.dtype)
     filled[path] = jax.tree_util.tree_map(lambda _, v=value: jnp.asarray(v), var)
   nnx.update(model, nnx.from_flat_state(filled))
-  model.eval()
   return model

@@ -294,3 +294,14 @@ def test_check_html_of_a_passing_run_says_no_heatmaps(cases, tmp_path):
                     batch=lambda: Batch(cases=cases))
   assert code == 0
   assert out.getvalue().rstrip().endswith(f"(the HTML report is in {tmp / 'pass.html'})")
+
+
+def test_html_puts_the_verdict_and_the_table_before_a_schema_list():
+  # A renamed model's headline can be long: the page leads with what passed and failed.
+  report = Report(command="check", exit_code=1, unit="arrays", rows=[
+      Row("m:output", "FAIL", 1.0, 0.5, "rtol=1e-05 atol=1e-05", details=["moved"])],
+      headline=[f"`blocks.{i}.se.fc1.kernel`: new Param float32[8, 2] in the model's state"
+                for i in range(20)])
+  page = html.render_html(report)
+  assert page.index("exit code 1") < page.index("<h2>Cases</h2>") < page.index(
+      "<h2>What changed first</h2>") < page.index("`blocks.0.se.fc1.kernel`")

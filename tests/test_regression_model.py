@@ -245,7 +245,8 @@ def test_store_params_loads_the_weights_so_a_new_initialisation_cannot_move_an_o
       "weights: the stored weights were loaded before running, so the outputs below do not "
       "depend on initialisation; fresh initialisation no longer matches them: ")
   assert failure.outcome.report.headline[1] == (
-      "first moved at `stem.pool` (MaxPool): shape (2, 8, 8, 4) -> (2, 7, 7, 4)")
+      "first moved at `stem.pool` (MaxPool): window.padding: ((1, 1), (1, 1)) -> ((0, 0), "
+      "(0, 0)); shape (2, 8, 8, 4) -> (2, 7, 7, 4)")
   # The same model with its recorded weights: fresh initialisation still matches.
   model = _model()
   model.stem.pool = MaxPool(3, 2, 0)
@@ -278,13 +279,14 @@ def test_a_new_initialisation_is_said_first_with_the_number_of_leaves_that_moved
 def test_a_changed_pooling_padding_is_localised_to_that_layer(baselines):
   model = _model()
   model.stem.pool = MaxPool(3, 2, 0)  # 16 -> floor((16 - 3) / 2) + 1 = 7 instead of 8
+  # The layer's configuration says why: its padding went from 1 to 0 on both sides of both
+  # spatial axes (the arguments of the two MaxPools above).
+  why = "window.padding: ((1, 1), (1, 1)) -> ((0, 0), (0, 0)); shape (2, 8, 8, 4) -> (2, 7, 7, 4)"
   failure = _failure(lambda: Guard(baselines).check("logits", model, X))
-  assert failure.outcome.report.headline == [
-      "first moved at `stem.pool` (MaxPool): shape (2, 8, 8, 4) -> (2, 7, 7, 4)"]
+  assert failure.outcome.report.headline == [f"first moved at `stem.pool` (MaxPool): {why}"]
   # The stem's own baseline: the same layer, found inside the submodule checked.
   failure = _failure(lambda: Guard(baselines).check("stem", model.stem, X))
-  assert failure.outcome.report.headline == [
-      "first moved at `pool` (MaxPool): shape (2, 8, 8, 4) -> (2, 7, 7, 4)"]
+  assert failure.outcome.report.headline == [f"first moved at `pool` (MaxPool): {why}"]
 
 
 def test_a_value_change_deep_in_the_model_is_localised_to_its_first_layer(baselines):
@@ -373,7 +375,8 @@ def test_report_redraws_a_failure_from_the_obtained_file(baselines, tmp_path, ca
   page = tmp_path / "page.html"
   assert cli.main(["report", str(baselines / "logits"), "--html", str(page)]) == 1
   out = capsys.readouterr().out
-  assert "first moved at `stem.pool` (MaxPool): shape (2, 8, 8, 4) -> (2, 7, 7, 4)" in out
+  assert ("first moved at `stem.pool` (MaxPool): window.padding: ((1, 1), (1, 1)) -> ((0, 0), "
+          "(0, 0)); shape (2, 8, 8, 4) -> (2, 7, 7, 4)") in out
   assert "logits:output" in out and "shape (2, 10) != baseline (2, 10)" not in out
   text = page.read_text()
   assert "first moved at `stem.pool` (MaxPool)" in text and "<figure>" in text

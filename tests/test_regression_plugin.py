@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 # Inner sessions run in this process, and pytester drops the modules that an inner
@@ -211,6 +212,7 @@ def test_plugin_reports_unused_baselines_at_the_end(pytester):
 def test_plugin_rejects_a_name_used_twice_and_bad_names(pytester):
   pytester.makepyfile(test_names="""
 import numpy as np
+import numpy as np
 import pytest
 
 def test_twice(nnx_regression):
@@ -287,19 +289,52 @@ def test_plugin_html_page_of_the_sessions_failing_checks(pytester):
   page = pytester.path / "page.html"
   result = pytester.runpytest(*PLUGIN, "--nnx-regression-html", str(page))
   result.assert_outcomes(failed=2)
+  # The layer's configuration says why: nnx.Conv's padding went from 1 to 0 (the test file).
   result.stdout.fnmatch_lines([
-      "first moved at `conv` (Conv): shape (2, 8, 8, 4) -> (2, 6, 6, 4)",
+      "first moved at `conv` (Conv): padding: 1 -> 0; shape (2, 8, 8, 4) -> (2, 6, 6, 4)",
       f"HTML report of 2 failing check(s): {page}",
   ])
   text = page.read_text()
-  assert "test_bn/logits: first moved at `conv` (Conv): shape (2, 8, 8, 4) -&gt; (2, 6, 6, 4)" in (
-      text)
+  assert ("test_bn/logits: first moved at `conv` (Conv): padding: 1 -&gt; 0; shape (2, 8, 8, 4) "
+          "-&gt; (2, 6, 6, 4)") in text
   assert "<figure>" in text and "Environments" in text  # the figures, the stamps side by side
   # Failures first: the first row of the table is a failing one.
   table = text[text.index("<h2>Cases</h2>"):]
   assert table.index("FAIL") < table.index("PASS")
   for name in ("logits", "grads"):
     assert (pytester.path / "_regression" / "test_bn" / f"{name}.obtained").is_dir()
+
+
+KEYWORD_TEST = """
+import jax.numpy as jnp
+import numpy as np
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+
+
+def scaled(x, factor=1.0, name="a"):
+  return x * factor if name == "a" else -x
+
+
+def test_keywords(nnx_regression):
+  nnx_regression.check("keywords", scaled, X, factor={factor}, call_kwargs={{"name": "a"}})
+"""
+
+
+def test_plugin_jit_only_option_and_keyword_calls(pytester):
+  # `name` is the check's own argument: the call's goes through call_kwargs.
+  pytester.makepyfile(test_kw=KEYWORD_TEST.format(factor=2.0))
+  pytester.runpytest(*PLUGIN, "--nnx-regression-jit-only")
+  manifest = json.loads(
+      (pytester.path / "_regression" / "test_kw" / "keywords" / "manifest.json").read_text())
+  assert manifest["call"] == {"kwargs": {"factor": 2.0, "name": "a"}, "eager": False}
+  x = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+  np.testing.assert_array_equal(store.read_baseline(
+      pytester.path / "_regression" / "test_kw" / "keywords").arrays["output"], x * 2)
+  pytester.makepyfile(test_kw=KEYWORD_TEST.format(factor=3.0))
+  result = pytester.runpytest(*PLUGIN)  # with the eager run this time
+  result.assert_outcomes(failed=1)
+  result.stdout.fnmatch_lines(["call keyword `factor`: 2.0 -> 3.0"])
 
 
 def test_plugin_html_needs_a_writable_place(pytester):
