@@ -14,6 +14,8 @@ import functools
 import itertools
 import math
 import re
+import runpy
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -45,18 +47,10 @@ def apply_cbam(module, x, use_running_average):
   return module(x, use_running_average=use_running_average)
 
 
-def build(cls, *args, seed=0, **kwargs):
-  """``cls(*args, **kwargs)`` with seeded uniform(-1, 1) parameters and batch statistics of 1.
-
-  Built from shapes (nnx.eval_shape) and NumPy values: running each initialiser
-  eagerly would compile it for every new shape, which dominates a small test.
-  """
-  graphdef, params, stats = nnx.split(
-      nnx.eval_shape(lambda: cls(*args, rngs=nnx.Rngs(0), **kwargs)), nnx.Param, ...)
-  rng = np.random.default_rng(seed)
-  params = jax.tree.map(lambda s: jnp.asarray(rng.uniform(-1, 1, s.shape), s.dtype), params)
-  stats = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), stats)
-  return nnx.merge(graphdef, params, stats)
+# Gates with seeded uniform(-1, 1) parameters and batch statistics of 1, built from shapes
+# (tests/_cheap.py): running each initialiser eagerly would compile it for every new shape,
+# which dominates a small test.
+build = runpy.run_path(str(Path(__file__).parent / "_cheap.py"))["build"]
 
 
 def set_param(variable, value):

@@ -28,6 +28,7 @@ import json
 import linecache
 import math
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -78,6 +79,8 @@ _PACKAGE = Path(nnx_pool.__file__).resolve().parent
 _AVG_TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums against the mirror's float64
 _GATE_TOL = dict(rtol=1e-5, atol=1e-5)  # the regression kit's float32 gate tolerance
 _HANG_S = 60  # a single example running longer than this is a hang
+# Gates with seeded uniform parameters, built from shapes: no initialiser compiles.
+build = runpy.run_path(str(Path(__file__).parent / "_cheap.py"))["build"]
 
 
 def raised_by_nnx_pool(e: BaseException) -> bool:
@@ -345,8 +348,8 @@ def _gate_input(cfg):
        use_bias=st.booleans())
 def test_squeeze_excitation_matches_the_paper(cfg, squeeze, rd_ratio, rd_divisor, use_bias):
   c = cfg["channels"]
-  se = SqueezeExcitation(c, squeeze, rd_ratio=rd_ratio, rd_divisor=rd_divisor,
-                         use_bias=use_bias, num_spatial_dims=cfg["nd"], rngs=nnx.Rngs(0))
+  se = build(SqueezeExcitation, c, squeeze, rd_ratio=rd_ratio, rd_divisor=rd_divisor,
+             use_bias=use_bias, num_spatial_dims=cfg["nd"], seed=0)
   if squeeze is None:  # timm's make_divisible(c * rd_ratio, rd_divisor, round_limit=0)
     squeeze = max(rd_divisor, int(c * rd_ratio + rd_divisor / 2) // rd_divisor * rd_divisor)
   assert se.fc1.kernel.shape == (c, squeeze)
@@ -363,8 +366,7 @@ def test_squeeze_excitation_matches_the_paper(cfg, squeeze, rd_ratio, rd_divisor
 @settings(max_examples=4, **_SETTINGS)
 @given(cfg=gate_configs())
 def test_effective_squeeze_excitation_matches_the_paper(cfg):
-  ese = EffectiveSqueezeExcitation(cfg["channels"], num_spatial_dims=cfg["nd"],
-                                   rngs=nnx.Rngs(1))
+  ese = build(EffectiveSqueezeExcitation, cfg["channels"], num_spatial_dims=cfg["nd"], seed=1)
   x = _gate_input(cfg)
   p = _np_params(ese)
   # CenterMask (Lee & Park 2020): y = x * hard_sigmoid(W mean(x) + b), relu6(v + 3) / 6.
@@ -378,7 +380,7 @@ def test_effective_squeeze_excitation_matches_the_paper(cfg):
 @given(cfg=gate_configs(), kernel_size=st.one_of(st.none(), st.sampled_from([1, 3, 5])))
 def test_efficient_channel_attention_matches_the_paper(cfg, kernel_size):
   c = cfg["channels"]
-  eca = EfficientChannelAttention(c, kernel_size, num_spatial_dims=cfg["nd"], rngs=nnx.Rngs(2))
+  eca = build(EfficientChannelAttention, c, kernel_size, num_spatial_dims=cfg["nd"], seed=2)
   if kernel_size is None:  # ECA-Net: k = |log2(C) / gamma + b / gamma|, odd, at least 3
     t = int(abs(math.log2(c) + 1) / 2)
     kernel_size = max(t if t % 2 else t + 1, 3)
@@ -398,8 +400,8 @@ def test_efficient_channel_attention_matches_the_paper(cfg, kernel_size):
 @given(cfg=gate_configs(), kernel=st.sampled_from([1, 3]), squeeze=st.integers(1, 4))
 def test_cbam_matches_the_paper(cfg, kernel, squeeze):
   assume(cfg["batch"] is not None)  # BatchNorm statistics need the batch axis to be explicit
-  cbam = CBAM(cfg["channels"], squeeze, spatial_kernel_size=kernel, num_spatial_dims=cfg["nd"],
-              rngs=nnx.Rngs(3))
+  cbam = build(CBAM, cfg["channels"], squeeze, spatial_kernel_size=kernel,
+               num_spatial_dims=cfg["nd"], seed=3)
   x = _gate_input(cfg).astype(np.float64)
   p = _np_params(cbam)
   space = tuple(range(1, x.ndim - 1))
@@ -443,7 +445,9 @@ _RATIOS = st.sampled_from([1 / 16, 0.5, np.float32(0.25), np.float64(2.0), 10**4
 
 
 def _gate(cls, **extra):
-  return lambda **kw: cls(**kw, **extra, rngs=nnx.Rngs(0))
+  # Built from shapes (tests/_cheap.py): the arguments are checked as eagerly, and no
+  # initialiser compiles for each shape the fuzzing draws.
+  return lambda **kw: build(cls, **kw, **extra)
 
 
 # name -> (factory, {argument: valid values, the default first}).
@@ -665,7 +669,7 @@ def test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape(name, w
     pytest.skip("a gate's channel count is its in_features, which must be positive")
   shape = (0, 4, 4, 4) if where == "batch" else (2, 4, 4, 0)
   if name == "AttentionPoolLatent":  # tokens (N, L, C): an empty batch of 16 tokens
-    out = AttentionPoolLatent(4, num_heads=2, rngs=nnx.Rngs(0))(jnp.zeros((0, 16, 4)))
+    out = build(AttentionPoolLatent, 4, num_heads=2)(jnp.zeros((0, 16, 4)))
     assert out.shape == (0, 4)
     return
   x = jnp.zeros(shape, jnp.float32)
@@ -700,9 +704,8 @@ def test_an_empty_batch_flattens_to_an_empty_matrix(pool_type):
 @pytest.mark.parametrize("make", [
     GlobalAvgPool, GlobalMaxPool, lambda: AdaptiveAvgPool(2),
     lambda: SelectAdaptivePool(1, pool_type="avgmax"),
-    lambda: SqueezeExcitation(4, rngs=nnx.Rngs(0)),
-    lambda: EffectiveSqueezeExcitation(4, rngs=nnx.Rngs(0)),
-    lambda: EfficientChannelAttention(4, rngs=nnx.Rngs(0)), lambda: CBAM(4, rngs=nnx.Rngs(0)),
+    lambda: build(SqueezeExcitation, 4), lambda: build(EffectiveSqueezeExcitation, 4),
+    lambda: build(EfficientChannelAttention, 4), lambda: build(CBAM, 4),
 ], ids=["GlobalAvgPool", "GlobalMaxPool", "AdaptiveAvgPool", "SelectAdaptivePool",
         "SqueezeExcitation", "EffectiveSqueezeExcitation", "EfficientChannelAttention", "CBAM"])
 def test_whole_map_reductions_refuse_empty_spatial_dims(make):
@@ -822,7 +825,7 @@ def test_gates_refuse_an_infinite_rd_ratio(cls):
 
 @pytest.mark.parametrize("cls", [SqueezeExcitation, CBAM])
 def test_gates_take_numpy_ratios_and_refuse_bool_ratios(cls):
-  gate = cls(64, rd_ratio=np.float32(0.25), rd_divisor=8, rngs=nnx.Rngs(0))
+  gate = build(cls, 64, rd_ratio=np.float32(0.25), rd_divisor=8)
   assert gate.squeeze_features == 16  # hand: make_divisible(64 * 0.25, 8) = 16
   with pytest.raises(TypeError, match="`rd_ratio` must be a positive finite number; got True"):
     cls(8, rd_ratio=True, rngs=nnx.Rngs(0))
@@ -889,10 +892,9 @@ def test_low_precision_inputs_keep_their_dtype_and_match_mirror(dtype):
   for got, want in selections:  # max and min select an input value: exact
     assert got.dtype == np_dtype
     np.testing.assert_array_equal(np.asarray(got, np.float64), want)
-  se = SqueezeExcitation(3, 2, rngs=nnx.Rngs(0))
+  se = build(SqueezeExcitation, 3, 2)
   assert se(x).dtype == np_dtype  # the gated map keeps its dtype with float32 parameters
-  assert SqueezeExcitation(3, 2, dtype=np_dtype, param_dtype=np_dtype,
-                           rngs=nnx.Rngs(0))(x).dtype == np_dtype
+  assert build(SqueezeExcitation, 3, 2, dtype=np_dtype, param_dtype=np_dtype)(x).dtype == np_dtype
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32"])
@@ -933,14 +935,14 @@ def _bool_calls():
       "AdaptiveAvgPool": lambda: AdaptiveAvgPool(2)(b),
       "AdaptiveMaxPool": lambda: AdaptiveMaxPool(2)(b),
       "SelectAdaptivePool": lambda: SelectAdaptivePool(pool_type="max")(b),
-      "SqueezeExcitation": lambda: SqueezeExcitation(4, rngs=nnx.Rngs(0))(b),
-      "EffectiveSqueezeExcitation": lambda: EffectiveSqueezeExcitation(4, rngs=nnx.Rngs(0))(b),
-      "EfficientChannelAttention": lambda: EfficientChannelAttention(4, rngs=nnx.Rngs(0))(b),
-      "CBAM": lambda: CBAM(4, rngs=nnx.Rngs(0))(b),
-      "LightCBAM": lambda: LightCBAM(4, rngs=nnx.Rngs(0))(b),
-      "GlobalContext": lambda: GlobalContext(4, rngs=nnx.Rngs(0))(b),
-      "AttentionPool": lambda: AttentionPool(4, feat_size=4, num_heads=2, rngs=nnx.Rngs(0))(b),
-      "AttentionPoolLatent": lambda: AttentionPoolLatent(4, num_heads=2, rngs=nnx.Rngs(0))(
+      "SqueezeExcitation": lambda: build(SqueezeExcitation, 4)(b),
+      "EffectiveSqueezeExcitation": lambda: build(EffectiveSqueezeExcitation, 4)(b),
+      "EfficientChannelAttention": lambda: build(EfficientChannelAttention, 4)(b),
+      "CBAM": lambda: build(CBAM, 4)(b),
+      "LightCBAM": lambda: build(LightCBAM, 4)(b),
+      "GlobalContext": lambda: build(GlobalContext, 4)(b),
+      "AttentionPool": lambda: build(AttentionPool, 4, feat_size=4, num_heads=2)(b),
+      "AttentionPoolLatent": lambda: build(AttentionPoolLatent, 4, num_heads=2)(
           b.reshape(1, 16, 4)),
       "GeMPool": lambda: GeMPool()(b), "LsePlusPool": lambda: LsePlusPool()(b),
       "BlurPool": lambda: BlurPool()(b), "MedianPool": lambda: MedianPool()(b),
