@@ -1,4 +1,5 @@
-"""Tests for issue 31's kernels: window sums split into boxes of outputs.
+"""Tests for issue 31's kernels: window sums and blurs split into boxes of outputs, and the
+blur's taps read through its padding.
 
 On the CPU, large maps (``nnx_pool._taps.BOX_MIN_POSITIONS`` outputs) take the box split,
 and the suite's small maps do not: these tests force each spelling on small maps. The
@@ -21,9 +22,11 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import nnx_pool._adjoint
+import nnx_pool._blur
 import nnx_pool._taps
 from nnx_pool import reference
 from nnx_pool._adjoint import tap_sum
+from nnx_pool._blur import blur_pool, blur_views
 from nnx_pool._geometry import Window
 from nnx_pool._jit import may_split_space
 from nnx_pool._taps import sum_taps
@@ -60,7 +63,7 @@ def _mirror_jacobian_vjp(forward, shape, g):
 def boxes_everywhere(monkeypatch):
   """Every kernel splits into boxes, whatever the map's size (the default on large maps)."""
   always = lambda x, out_shape: True  # noqa: E731
-  for module in (nnx_pool._taps, nnx_pool._adjoint):
+  for module in (nnx_pool._taps, nnx_pool._adjoint, nnx_pool._blur):
     monkeypatch.setattr(module, "splits_boxes", always)
 
 
@@ -95,6 +98,55 @@ def _dilated_sum(x, window, padding, dilation):
   w = x.shape[2] + 2 * p - d_w * (k_w - 1)
   return sum(padded[:, i * d_h:i * d_h + h, j * d_w:j * d_w + w]
              for i in range(k_h) for j in range(k_w)).astype(np.float32)
+
+
+# (filter_size, strides, pad_mode, input shape): every pad mode, borders low only (3/2) and
+# both (3/1), a stride past the filter, 1-D and 3-D.
+BLURS = [
+    (3, 2, "reflect", (2, 7, 8, 2)),
+    (3, 1, "reflect", (1, 5, 6, 1)),
+    (4, 2, "replicate", (1, 7, 6, 1)),
+    (5, 2, "constant", (1, 6, 7, 1)),
+    (2, 3, "circular", (1, 7, 8, 1)),
+    (3, 1, "circular", (2, 9, 2)),
+    (3, 2, "reflect", (1, 5, 4, 6, 1)),
+]
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["boxes", "one box"])
+@pytest.mark.parametrize(("filter_size", "strides", "pad_mode", "shape"), BLURS)
+def test_blur_views_in_boxes_or_not_match_the_mirror(filter_size, strides, pad_mode, shape,
+                                                     split, monkeypatch):
+  monkeypatch.setattr(nnx_pool._blur, "splits_boxes", lambda x, out_shape: split)
+  ndim = len(shape) - 2
+  sizes, steps = (filter_size,) * ndim, (strides,) * ndim
+  pad = nnx_pool._blur.blur_padding(filter_size, strides)
+  axes = ((nnx_pool._blur.binomial_filter(filter_size), strides, pad),) * ndim
+
+  def mirror(a):
+    return reference.blur_pool(a, sizes, steps, pad_mode)
+
+  x = np.random.default_rng(filter_size + strides).standard_normal(shape).astype(np.float32)
+  want = mirror(x)
+  run = jax.jit(lambda a: blur_views(a, axes, pad_mode))
+  # The separable passes sum in another order than the mirror's float64 product: ULPs.
+  np.testing.assert_allclose(run(x), want, rtol=1e-6, atol=1e-6)
+  g = np.random.default_rng(1).standard_normal(want.shape).astype(np.float32)
+  grad = jax.jit(jax.grad(lambda a: jnp.sum(run(a) * g)))(x)
+  np.testing.assert_allclose(grad, _mirror_jacobian_vjp(mirror, shape, g), rtol=1e-5, atol=1e-6)
+  tangent = jax.jvp(run, (x,), (x,))[1]  # linear: the tangent is the blur of the tangent
+  np.testing.assert_allclose(tangent, want, rtol=1e-6, atol=1e-6)
+
+
+def test_blur_views_keep_nan_and_infinities_in_their_windows():
+  # [1, 2, 1] / 4, stride 2, reflect pad 1 over rows [a, inf, b, c, NaN, d] (hand
+  # computation): output 0 reads padded [x1 | x0 x1] = inf, inf, inf -> inf; output 1 reads
+  # x1 x2 x3 -> inf; output 2 reads x3 x4 x5 -> NaN. Columns are constant, so each row
+  # blurs to itself. A GEMM-style sum with zero weights would turn inf into NaN elsewhere.
+  rows = np.array([1.0, np.inf, 2.0, 3.0, np.nan, 4.0], np.float32)
+  x = np.broadcast_to(rows[None, :, None, None], (1, 6, 4, 1)).copy()
+  got = np.asarray(blur_pool(x, 3, 2))[0, :, 0, 0]
+  assert np.isposinf(got[0]) and np.isposinf(got[1]) and np.isnan(got[2])
 
 
 def test_may_split_space_reads_the_mesh_a_trace_sees():
