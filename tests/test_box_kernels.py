@@ -1,5 +1,5 @@
-"""Tests for issue 31's kernels: window sums and blurs split into boxes of outputs, and the
-blur's taps read through its padding.
+"""Tests for issue 31's kernels: window sums and blurs split into boxes of outputs, the blur's
+taps read through its padding, and the fractional max pool's per-image gather.
 
 On the CPU, large maps (``nnx_pool._taps.BOX_MIN_POSITIONS`` outputs) take the box split,
 and the suite's small maps do not: these tests force each spelling on small maps. The
@@ -23,13 +23,16 @@ from jax.sharding import PartitionSpec as P
 
 import nnx_pool._adjoint
 import nnx_pool._blur
+import nnx_pool._fractional
 import nnx_pool._taps
-from nnx_pool import reference
+from nnx_pool import FractionalMaxPool, reference
 from nnx_pool._adjoint import tap_sum
 from nnx_pool._blur import blur_pool, blur_views
 from nnx_pool._geometry import Window
 from nnx_pool._jit import may_split_space
 from nnx_pool._taps import sum_taps
+
+_TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 
 # (window, strides, padding, dilation, ceil_mode, input shape): borders low and high, the
 # ceil-mode overhang, dilation, 1-D and 3-D, and windows that all leave the input.
@@ -169,3 +172,24 @@ def test_may_split_space_reads_the_mesh_a_trace_sees():
   jax.jit(lambda a: plain.append(may_split_space(a)) or a).trace(
       jax.ShapeDtypeStruct((2, 8, 8, 3), jnp.float32))
   assert plain == [False]
+
+
+@pytest.mark.parametrize(("flat_limit", "channels"), [(2**31 - 1, 3), (0, 4)],
+                         ids=["per-image flat gather", "fallback"])
+def test_fractional_gathers_match_pytorch(flat_limit, channels, monkeypatch):
+  # PyTorch 2.13 CPU fractional_max_pool2d with the same _random_samples: values and indices
+  # bit for bit, through the per-image gather and through the per-plane fallback kept for
+  # images past int32 (forced here with a limit of 0; another channel count, so that the
+  # kernel is traced again rather than taken from jit's cache).
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  monkeypatch.setattr(nnx_pool._fractional, "_FLAT_LIMIT", flat_limit)
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((2, 9, 8, channels)).astype(np.float32)
+  samples = rng.random((2, channels, 2), dtype=np.float32)
+  values, indices = jax.jit(lambda a, s: FractionalMaxPool(2, (4, 5), return_indices=True)(
+      a, samples=s))(x, samples)
+  want, want_idx = torch.nn.functional.fractional_max_pool2d(
+      torch.from_numpy(np.moveaxis(x, -1, 1).copy()), 2, output_size=(4, 5),
+      return_indices=True, _random_samples=torch.from_numpy(samples))
+  np.testing.assert_array_equal(values, np.moveaxis(want.numpy(), 1, -1))
+  np.testing.assert_array_equal(indices, np.moveaxis(want_idx.numpy(), 1, -1))
