@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nnx_pool._geometry import Geometry
+from nnx_pool._geometry import DimGeometry, Geometry
 from nnx_pool._select import (
   Kind,
   arg_extremum_over_bins,
@@ -39,7 +39,7 @@ from nnx_pool._select import (
   select_forward,
   stage_arg_select,
 )
-from nnx_pool._taps import sum_taps
+from nnx_pool._taps import splits_boxes, sum_taps
 
 
 def _phases(geom: Geometry):
@@ -86,14 +86,34 @@ def _scatter_tiles(ct: jax.Array, geom: Geometry) -> jax.Array:
   return lax.pad(full, jnp.zeros((), ct.dtype), config)
 
 
+def _transposed(geom: Geometry) -> Geometry:
+  """The window sum whose taps are a stride-1 sum's transposed: cell ``m`` of the input
+  receives ``ct[m + pad_low - j * dilation]`` for each tap ``j``, the window over ``ct``
+  flipped and padded by ``effective_window - 1 - pad_low`` below."""
+  dims = []
+  for d in geom.dims:
+    low = d.effective_window - 1 - d.pad_low
+    high = max(0, d.length - 1 - low + d.effective_window - d.out)
+    dims.append(DimGeometry(d.out, d.window, 1, d.dilation, low, high, d.length))
+  return Geometry(tuple(dims))
+
+
 def scatter(ct: jax.Array, geom: Geometry, arg: jax.Array | None = None) -> jax.Array:
   """Adjoint of the tap gather: adds each output's ``ct`` to the input cells of its taps.
 
   With ``arg`` (window offsets), only the winning tap of each output receives.
   Linear in ``ct``; returns an array of the input's shape ``(N, *in, C)``.
+
+  A stride-1 sum on a map split into boxes (:func:`nnx_pool._taps.splits_boxes`) is
+  scattered as the window sum it is transposed (:func:`_transposed`), in boxes too: that
+  reads the cotangent in place, where the phases below read one padded copy of it, an
+  input-sized temporary (26.3 MB, past Flax's 24.5, on AvgPool 3x3/1 pad 1's gradient at
+  (8, 112, 112, 64); docs/benchmarks.md).
   """
   if arg is None and geom.size > 4 and _is_tiling(geom):
     return _scatter_tiles(ct, geom)
+  if arg is None and all(d.stride == 1 for d in geom.dims) and splits_boxes(ct, geom.in_shape):
+    return sum_taps(ct, _transposed(geom), split=True)
   phases = _phases(geom)
   n, c = ct.shape[0], ct.shape[-1]
   # Pad the cotangent (and offsets, with -1 that matches no tap) so that every

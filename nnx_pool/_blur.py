@@ -25,15 +25,20 @@ one's, as timm's does: ``filter_size=4`` gives ``L - 1`` outputs at stride 1 and
 ``L // 2 + 1`` at stride 2, where 3 gives ``L`` and ``ceil(L / 2)``. timm's filter is a
 non-persistent buffer: there are no weights and no ``from_torch``.
 
-How it is computed: the filter is separable, so the blur is one strided 1-D pass per
-spatial dim, each a sum of ``filter_size`` strided slices (XLA fuses them into one
-loop), with a gradient that places the cotangent by stride phase, as the window
-sums of :mod:`nnx_pool._adjoint` do. On (8, 56, 56, 256) at stride 2, measured on
-the 2-core CPU: a depthwise ``lax.conv_general_dilated`` (``feature_group_count=C``)
-took 62-80 ms forward and 0.56-1.1 s forward and backward, the separable passes
-22-28 ms and 42-57 ms (filters 3 and 5). The passes sum in another order than a
-convolution: they agree with PyTorch's to a few float32 ULPs. float16 and bfloat16
-inputs are computed in float32 and rounded once.
+How it is computed: the filter is separable, and each tap reads the input through its
+padding, a slice of the cells the padding mirrors (:func:`blur_views`), so no padded copy is
+made; the sums run in the separable order (the first dim's taps innermost) in one loop. On a
+large map on the CPU the outputs are split into boxes (the interior, whose taps are plain
+strided slices, and the borders, which read the padding), joined by concatenation. The
+gradient places the cotangent by stride phase, one dim after another, and adds the
+padding's reads back onto the cells they mirror. On the benchmark row, (8, 56, 56, 128),
+3/2 reflect, this took XLA's temporaries from 25.8 and 51.2 MB (forward, forward+backward)
+to 0 and 6.1 MB, and the times are in docs/benchmarks.md. Filters of more than
+:data:`MAX_VIEW_TAPS` taps, and maps that devices may split in space, pad the input once
+and run one strided pass per dim, whose slices the partitioner moves with halo
+exchanges. The passes sum in another order than a convolution: they agree with
+PyTorch's to a few float32 ULPs. float16 and bfloat16 inputs are computed in float32 and
+rounded once.
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ from jax import lax
 
 from nnx_pool._args import flax_names, is_int
 from nnx_pool._geometry import SizeLike, as_tuple, check_padded_size, spatial_dims
-from nnx_pool._jit import kernel
+from nnx_pool._jit import kernel, may_split_space
 from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
 from nnx_pool._numerics import accumulation_dtype
+from nnx_pool._taps import splits_boxes
 
 # F.pad's mode names and jnp.pad's for the same padding.
 PAD_MODES = {"reflect": "reflect", "constant": "constant", "replicate": "edge",
@@ -188,11 +194,226 @@ def _strided_sum_jvp(axis, coeffs, stride, primals, tangents):
   return y, t_out
 
 
+# ----------------------------------------------------------------------------
+# Short filters: each tap reads the input through its padding, no padded copy.
+# ----------------------------------------------------------------------------
+
+
+# The most taps (the product of the filter sizes) read one by one through the padding
+# (:func:`blur_views`, each box of outputs unrolls them all); larger filters pad the input once
+# (:func:`strided_sum`). timm builds 2 to 64 a dim; its models use 3 to 5, 9 to 25 taps in 2-D.
+MAX_VIEW_TAPS = 64
+
+# Per spatial dim: (filter coefficients, stride, padding a side); the whole blur's geometry.
+Axes = tuple[tuple[tuple[float, ...], int, int], ...]
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _out(length: int, coeffs: tuple[float, ...], stride: int, pad: int) -> int:
+  return (length + 2 * pad - len(coeffs)) // stride + 1
+
+
+def _regions(length: int, first: int, stride: int, out: int) -> tuple[int, int]:
+  """Where ``t(q) = q * stride + first`` leaves the input: ``q < q_lo`` reads the low padding,
+  ``q >= q_hi`` the high padding, ``[q_lo, q_hi)`` real cells."""
+  q_lo = min(out, max(0, _cdiv(-first, stride)))
+  return q_lo, min(out, max(q_lo, _cdiv(length - first, stride)))
+
+
+def _border(length: int, first: int, stride: int, mode: str, low: bool) -> tuple[int, int]:
+  """The input cell ``a + b * q`` that a padded position ``t(q)`` stands for, as ``(a, b)``:
+  reflect mirrors without the edge, replicate repeats it, circular wraps around."""
+  if mode == "replicate":
+    return (0 if low else length - 1), 0
+  if mode == "reflect":  # -t, or 2 (L - 1) - t
+    return (-first if low else 2 * (length - 1) - first), -stride
+  return (first + length if low else first - length), stride  # circular
+
+
+def _cells(x: jax.Array, axis: int, a: int, b: int, qa: int, qb: int) -> jax.Array:
+  """``x[a + b * q]`` along ``axis`` for ``q`` in ``[qa, qb)``: a strided slice, reversed for
+  ``b < 0``, one cell repeated for ``b == 0``."""
+  i0, i1 = a + b * qa, a + b * (qb - 1)
+  if b == 0 or qb - qa == 1:
+    shape = list(x.shape)
+    shape[axis] = qb - qa
+    return jnp.broadcast_to(lax.slice_in_dim(x, i0, i0 + 1, 1, axis), shape)
+  if b > 0:
+    return lax.slice_in_dim(x, i0, i1 + 1, b, axis)
+  return lax.rev(lax.slice_in_dim(x, i1, i0 + 1, -b, axis), (axis,))
+
+
+def _view(x: jax.Array, reads: list[tuple[int, int, int, int, int]], mode: str) -> jax.Array:
+  """What one tap of the blur reads for a box of outputs, without a padded copy of ``x``.
+
+  ``reads`` holds per spatial dim ``(axis, first, stride, qa, qb)``: outputs ``q`` in ``[qa,
+  qb)`` read padded position ``q * stride + first``, a real cell or the cell its padding
+  mirrors (zeros in constant mode). Each dim is at most three pieces (low padding, real
+  cells, high padding), slices of ``x`` joined by concatenation; a box whose windows stay
+  inside the input reads one strided slice.
+  """
+  if not reads:
+    return x
+  (axis, first, stride, qa, qb), rest = reads[0], reads[1:]
+  length = x.shape[axis]
+  q_lo, q_hi = _regions(length, first, stride, qb)
+  parts = []
+  for a0, b0, low in ((qa, min(q_lo, qb), True), (max(q_lo, qa), min(q_hi, qb), None),
+                      (max(q_hi, qa), qb, False)):
+    if b0 <= a0:
+      continue
+    if low is None:
+      piece = _cells(x, axis, first, stride, a0, b0)
+    elif mode == "constant":
+      piece = jnp.zeros_like(lax.slice_in_dim(x, 0, 1, 1, axis))
+      piece = jnp.broadcast_to(piece, (*x.shape[:axis], b0 - a0, *x.shape[axis + 1:]))
+    else:
+      piece = _cells(x, axis, *_border(length, first, stride, mode, low), a0, b0)
+    parts.append(_view(piece, rest, mode))
+  return parts[0] if len(parts) == 1 else lax.concatenate(parts, axis)
+
+
+def _blur_box(x: jax.Array, axes: Axes, mode: str, box: tuple[tuple[int, int], ...]
+              ) -> jax.Array:
+  """The blur of one box of outputs, in the separable order: the first spatial dim's taps
+  summed innermost, ``sum_k c_k (... (sum_i c_i tap_i...k))``, each tap a :func:`_view`."""
+
+  def level(axis: int, taps: tuple[int, ...]) -> jax.Array:
+    if axis == 0:
+      reads = [(d + 1, j - pad, stride, *q)
+               for d, (j, (_, stride, pad), q) in enumerate(zip(taps, axes, box, strict=True))]
+      return _view(x, reads, mode)
+    total = None
+    for j, c in enumerate(axes[axis - 1][0]):
+      term = level(axis - 1, (j, *taps)) * jnp.asarray(c, x.dtype)
+      total = term if total is None else total + term
+    return total  # pyright: ignore[reportReturnType]  # not None: a filter has taps
+
+  return level(len(axes), ())
+
+
+def _blur_boxes(x: jax.Array, axes: Axes, mode: str) -> jax.Array:
+  """The blur, where :func:`nnx_pool._taps.splits_boxes` says so (a large map on the CPU), in
+  boxes of outputs joined by concatenation: per dim the outputs whose taps read the low
+  padding, real cells only, or the high padding.
+
+  XLA:CPU checks which piece a concatenation reads at every element it writes, so the
+  interior, the bulk of the map, reads plain strided slices: 0.7 ms against 1.4 for the
+  taps through pieces everywhere, on (8, 56, 56, 128) (docs/benchmarks.md). A small map
+  is one box, which compiles faster.
+  """
+  outs = [_out(n, *axis) for n, axis in zip(x.shape[1:-1], axes, strict=True)]
+  split = splits_boxes(x, tuple(outs))
+  per_dim = []
+  for axis, ((coeffs, stride, pad), out) in enumerate(zip(axes, outs, strict=True), start=1):
+    los, his = zip(*(_regions(x.shape[axis], j - pad, stride, out) for j in range(len(coeffs))),
+                   strict=True)
+    a, b = max(los), max(max(los), min(his))
+    segments = [(q0, q1) for q0, q1 in ((0, a), (a, b), (b, out)) if q1 > q0]
+    per_dim.append(segments if split else [(0, out)])
+
+  def join(axis: int, box: tuple[tuple[int, int], ...]) -> jax.Array:
+    if axis == len(per_dim):
+      return _blur_box(x, axes, mode, box)
+    parts = [join(axis + 1, (*box, segment)) for segment in per_dim[axis]]
+    return parts[0] if len(parts) == 1 else lax.concatenate(parts, axis + 1)
+
+  return join(0, ())
+
+
+def _shifted(ct: jax.Array, axis: int, shift: int, cells: int) -> jax.Array:
+  """``ct[t + shift]`` along ``axis`` for ``t`` in ``[0, cells)``, zero outside ``ct``."""
+  config = [(0, 0, 0)] * ct.ndim
+  config[axis] = (-shift, shift + cells - ct.shape[axis], 0)
+  return lax.pad(ct, jnp.zeros((), ct.dtype), config)
+
+
+def _blur_axis_adjoint(ct: jax.Array, axis: int, length: int, coeffs: tuple[float, ...],
+                       stride: int, pad: int, mode: str) -> jax.Array:
+  """The transpose of the blur along one dim (``y[q] = sum_j coeffs[j] * padded[q * stride +
+  j]``): cell ``m`` receives ``coeffs[j] * ct[q]`` for each tap ``j`` and output ``q`` that
+  read it, through a real cell or the padding mirroring it.
+
+  By stride phase: cell ``t * stride + r`` receives from the taps ``j`` with ``(r + pad - j) %
+  stride == 0`` through unit-stride shifts of ``ct``, and from the padding's reads a few
+  cells of ``ct`` put in place by a pad; the phases are stacked and interleaved. Every term
+  is a pad or slice of ``ct``, which XLA adds in one loop.
+  """
+  out = ct.shape[axis]
+  cells = _cdiv(length, stride)  # per phase; the interleaved phases are cropped to length
+  blocks: list[jax.Array | None] = [None] * stride
+
+  def add(r: int, term: jax.Array, c: float) -> None:
+    term = term * jnp.asarray(c, ct.dtype)
+    blocks[r] = term if blocks[r] is None else blocks[r] + term
+
+  for j, c in enumerate(coeffs):
+    for r in range(stride):
+      if (r + pad - j) % stride == 0:
+        add(r, _shifted(ct, axis, (r + pad - j) // stride, cells), c)
+    first = j - pad
+    q_lo, q_hi = _regions(length, first, stride, out)
+    for qa, qb, low in ((0, q_lo, True), (q_hi, out, False)):
+      if qb <= qa or mode == "constant":
+        continue
+      a, b = _border(length, first, stride, mode, low)
+      part = lax.slice_in_dim(ct, qa, qb, 1, axis)
+      if b == 0:  # replicate: the edge cell receives them all
+        part = jnp.sum(part, axis=axis, keepdims=True)
+      elif b < 0:  # reflect: descending cells, so ascending in reverse
+        part = lax.rev(part, (axis,))
+      m = a + b * (qb - 1 if b < 0 else qa)  # the first cell receiving, all in one phase
+      add(m % stride, _shifted(part, axis, -(m // stride), cells), c)
+  shape = list(ct.shape)
+  shape[axis] = cells
+  stacked = jnp.stack([jnp.zeros(shape, ct.dtype) if block is None else block
+                       for block in blocks], axis=axis + 1)
+  shape[axis] = cells * stride
+  return lax.slice_in_dim(stacked.reshape(shape), 0, length, 1, axis)
+
+
+def _blur_adjoint(ct: jax.Array, spatial: tuple[int, ...], axes: Axes, mode: str) -> jax.Array:
+  """The transpose of the whole blur: one dim's :func:`_blur_axis_adjoint` after another, the
+  last dim first."""
+  for axis in reversed(range(1, len(axes) + 1)):
+    coeffs, stride, pad = axes[axis - 1]
+    ct = _blur_axis_adjoint(ct, axis, spatial[axis - 1], coeffs, stride, pad, mode)
+  return ct
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def blur_views(x: jax.Array, axes: Axes, mode: str) -> jax.Array:
+  """:func:`_blur_boxes`, whose reverse mode runs :func:`_blur_adjoint`."""
+  return _blur_boxes(x, axes, mode)
+
+
+@blur_views.defjvp
+def _blur_views_jvp(axes, mode, primals, tangents):
+  (x,), (t,) = primals, tangents
+  y = _blur_boxes(x, axes, mode)
+  out = jax.ShapeDtypeStruct(y.shape, t.dtype)
+  (t_out,) = jax.linear_transpose(
+      lambda ct: _blur_adjoint(ct, x.shape[1:-1], axes, mode), out)(t)
+  return y, t_out
+
+
 @kernel(static_argnums=(1, 2, 3, 4))
 def binomial_blur(x: jax.Array, filter_size: tuple[int, ...], strides: tuple[int, ...],
                   pads: Pads, pad_mode: str) -> jax.Array:
-  """The blur of a batched float ``x``: padded, then one strided pass per spatial dim."""
-  y = torch_pad(x.astype(accumulation_dtype(x.dtype)), pads, pad_mode)
+  """The blur of a batched float ``x``: its taps read through the padding (:func:`blur_views`),
+  or for long filters and maps devices may split, a padded copy and one strided pass per
+  spatial dim."""
+  y = x.astype(accumulation_dtype(x.dtype))
+  if math.prod(filter_size) <= MAX_VIEW_TAPS and not may_split_space(y):
+    axes = tuple((binomial_filter(k), s, p)
+                 for k, s, (p, _) in zip(filter_size, strides, pads, strict=True))
+    return blur_views(y, axes, pad_mode).astype(x.dtype)
+  # Long filters, and maps split over devices: one padded copy, whose slices (unlike the
+  # boxes' concatenation) the partitioner moves with halo exchanges.
+  y = torch_pad(y, pads, pad_mode)
   for axis, (k, s) in enumerate(zip(filter_size, strides, strict=True), start=1):
     y = strided_sum(y, axis, binomial_filter(k), s)
   return y.astype(x.dtype)

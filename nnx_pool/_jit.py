@@ -77,6 +77,26 @@ def _explicit_spatial_spec(x) -> PartitionSpec | None:
   return PartitionSpec(*spec, *([None] * (x.ndim - len(spec))))
 
 
+def may_split_space(x) -> bool:
+  """Whether devices may split a spatial dim of ``x`` (batched, channels-last) in this trace.
+
+  True when an ``Explicit`` spec splits one, or when ``x`` lies on a mesh with an ``Auto``
+  axis over several devices, whose split a trace cannot see. Kernels whose CPU-fast
+  spelling would move a split map with more than halo exchanges ask this first.
+  """
+  typeof = getattr(jax, "typeof", None)
+  sharding = getattr(typeof(x), "sharding", None) if typeof is not None else None
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or not getattr(mesh, "shape", None):
+    return False
+  spec = getattr(sharding, "spec", None) or ()
+  if any(spec[1:x.ndim - 1]):
+    return True
+  auto = getattr(jax.sharding.AxisType, "Auto", None)
+  return any(kind == auto and mesh.shape[name] > 1
+             for name, kind in zip(mesh.axis_names, getattr(mesh, "axis_types", ()), strict=False))
+
+
 def _on_auto_axes(body, arrays: tuple):
   """``body(*arrays)``; on ``Auto`` axes if ``Explicit`` ones split the first array's map.
 

@@ -12,12 +12,17 @@ stem's 3x3/2 pad 1 on an even map), the outputs are split into boxes
 (:func:`boxes`): the interior reads plain strided slices of the input, which both
 loops read in place, and only the thin borders pad a slab of their own.
 
+A window sum on a large map is split the same way on the CPU (:func:`sum_taps`): its
+interior reads strided slices of the input, which XLA:CPU loops over without checking
+the bounds of a pad at every element.
+
 The adaptive pools' bins are read the same way, as slots (:func:`bin_slots`).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 
 import jax
@@ -26,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from nnx_pool._geometry import DimGeometry, Geometry, adaptive_bins
+from nnx_pool._jit import may_split_space
 
 
 def _tap_phases(d: DimGeometry) -> list[tuple[int, int, int]]:
@@ -145,12 +151,63 @@ def box_mask(geom: Geometry, box: tuple[tuple[int, int], ...]) -> jax.Array:
   return inside  # pyright: ignore[reportReturnType]  # not None: there is at least one dim
 
 
-def sum_taps(x: jax.Array, geom: Geometry) -> jax.Array:
-  """Sum of every window (zero padding), tap by tap, shape ``(N, *geom.out_shape, C)``."""
+def _sum_padded_taps(x: jax.Array, geom: Geometry) -> jax.Array:
+  """Sum of every window (zero padding), tap by tap, each tap a phase shifted by a pad."""
   total = None
   for tap in taps(x, geom, 0, shared_pad=False):  # one consumer, also when differentiated
     total = tap if total is None else total + tap
   return total  # pyright: ignore[reportReturnType]  # not None: a window has at least one tap
+
+
+def _segments(d: DimGeometry) -> list[tuple[int, int]]:
+  """The outputs of one dim split where their windows leave the input: ``[0, a)`` start in
+  the low padding, ``[a, b)`` read real cells only, ``[b, out)`` reach past the end."""
+  a = min(d.out, -(-d.pad_low // d.stride))
+  b = max(a, min(d.out, (d.length - 1 + d.pad_low - (d.effective_window - 1)) // d.stride + 1))
+  return [(q0, q1) for q0, q1 in ((0, a), (a, b), (b, d.out)) if q1 > q0]
+
+
+# The fewest output positions (per image and channel) for which a window sum is split into
+# boxes (:func:`sum_taps`): below it the boxes' compile time (up to 3**ndim boxes, each
+# unrolled) outweighs what they save; 16 x 16 maps compile in 0.1 s either way.
+BOX_MIN_POSITIONS = 32 * 32
+
+
+def splits_boxes(x: jax.Array, out_shape: tuple[int, ...]) -> bool:
+  """Whether a kernel reading ``x`` splits its ``out_shape`` outputs into boxes by default:
+  on the CPU backend, for maps of at least :data:`BOX_MIN_POSITIONS` outputs that devices
+  do not split in space."""
+  return (jax.default_backend() == "cpu" and math.prod(out_shape) >= BOX_MIN_POSITIONS
+          and not may_split_space(x))
+
+
+def sum_taps(x: jax.Array, geom: Geometry, split: bool | None = None) -> jax.Array:
+  """Sum of every window (zero padding), tap by tap, shape ``(N, *geom.out_shape, C)``.
+
+  With ``split`` the outputs are split into boxes, per dim those whose windows start in the
+  low padding, read real cells only, or reach past the end, joined by concatenation: the
+  interior's taps are strided slices of the input, and only the thin borders pad a slab of
+  their own. XLA:CPU checks the bounds of a pad fused into a loop at every element it
+  writes: the nine padded taps of AvgPool 3x3/1 pad 1 took 3x the time of the boxes on
+  (8, 112, 112, 64) (docs/benchmarks.md). Both spellings add the same taps in the same
+  order. ``split`` None: on the CPU backend, for maps of at least
+  :data:`BOX_MIN_POSITIONS` outputs that devices do not split in space
+  (:func:`nnx_pool._jit.may_split_space`: a concatenation along a split dim is moved with
+  all-to-all exchanges, where the padded taps need halo exchanges only).
+  """
+  per_dim = [_segments(d) for d in geom.dims]
+  if split is None:
+    split = splits_boxes(x, geom.out_shape)
+  if not split or all(len(segments) == 1 for segments in per_dim):
+    return _sum_padded_taps(x, geom)
+
+  def join(axis: int, box: tuple[tuple[int, int], ...]) -> jax.Array:
+    if axis == len(per_dim):
+      return _sum_padded_taps(*box_input(x, geom, box))
+    parts = [join(axis + 1, (*box, segment)) for segment in per_dim[axis]]
+    return parts[0] if len(parts) == 1 else lax.concatenate(parts, axis + 1)
+
+  return join(0, ())
 
 
 def bin_slots(a: jax.Array, axis: int, length: int, out: int):
