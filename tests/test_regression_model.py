@@ -47,7 +47,10 @@ def recorded(tmp_path_factory):
   model = _model()
   assert guard.check("logits", model, X, store_params=True).status == "written"
   assert guard.check("stem", model.stem, X).status == "written"
-  assert guard.check_grad("grads", cross_entropy, model, X, LABELS).status == "written"
+  # Jit only: the eager gradient compiles every operation of the backward pass one by one
+  # (about 25 s of CPU here); the eager path of check_grad is tested on _Small below.
+  assert guard.check_grad("grads", cross_entropy, model, X, LABELS,
+                          eager=False).status == "written"
   return root
 
 
@@ -344,7 +347,8 @@ def test_a_changed_state_schema_is_said_before_any_number(baselines):
 def test_more_than_20_failing_arrays_show_the_20_worst_and_how_many_more(baselines):
   new = _model(seed=1)
   leaves = len(jax.tree_util.tree_leaves(nnx.state(new, nnx.Param)))
-  failure = _failure(lambda: Guard(baselines).check_grad("grads", cross_entropy, new, X, LABELS))
+  failure = _failure(lambda: Guard(baselines).check_grad("grads", cross_entropy, new, X, LABELS,
+                                                        eager=False))
   report = failure.outcome.report
   failing = [r for r in report.rows if r.status == "FAIL"]
   assert len(report.rows) == leaves + 1  # the loss, and one row per gradient leaf
