@@ -348,7 +348,8 @@ def _blur_axis_adjoint(ct: jax.Array, axis: int, length: int, coeffs: tuple[floa
 
   def add(r: int, term: jax.Array, c: float) -> None:
     term = term * jnp.asarray(c, ct.dtype)
-    blocks[r] = term if blocks[r] is None else blocks[r] + term
+    block = blocks[r]
+    blocks[r] = term if block is None else block + term
 
   for j, c in enumerate(coeffs):
     for r in range(stride):

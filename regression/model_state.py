@@ -670,8 +670,9 @@ def weight_changes(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[st
   order their modules were called (``order``: module paths in call order), then by path.
   """
   pairs = pairs or {}
-  old = {pairs.get(e["path"], e["path"]): e for e in before}
-  new = {e["path"]: e for e in now}
+  old: dict[str, Mapping[str, Any]] = {pairs.get(str(e["path"]), str(e["path"])): e
+                                       for e in before}
+  new: dict[str, Mapping[str, Any]] = {str(e["path"]): e for e in now}
   # Each p is in old or new, so one of the two gets is not None.
   params = [p for p in set(old) | set(new) if (old.get(p) or new.get(p))["type"] == "Param"]  # pyright: ignore[reportOptionalSubscript]
   rank = {path: i for i, path in enumerate(order)}
@@ -680,7 +681,7 @@ def weight_changes(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[st
     module = path.rpartition(".")[0]
     return rank.get(module, len(rank)), path
 
-  differ = sorted((p for p in params
+  differ: list[str] = sorted((p for p in params
                    if p not in old or p not in new or old[p]["digest"] != new[p]["digest"]),
                   key=called)
   return len(differ), len(params), differ
