@@ -33,6 +33,13 @@ CASES = {
     "5x5x5": ((5, 5, 5), (2, 3, 1), ((2, 2), (1, 2), (2, 0)), (1, 2, 1), True, (1, 9, 12, 7, 2)),
 }
 IDS = list(CASES)
+INT8_CASE = "9x9-overlap-pad"  # padded: int8's fill value is read
+JVP_CASES = ["9x9-overlap-pad", "12x5-ceil-pad", "5x5x5"]
+# The cases whose select is also compared with the unrolled oracle (the mirror checks every
+# case): overlapping windows with asymmetric padding, dilation with ceil mode, and 3-D.
+# "9x9" (no padding) and "12x5-ceil-pad" take the same separable code as the first two;
+# 12x6 is left out because XLA:CPU takes minutes to compile its unrolled oracle.
+UNROLLED_CASES = ["9x9-overlap-pad", "9x9-dilated-ceil", "5x5x5"]
 
 
 def _geom(case):
@@ -64,19 +71,64 @@ def _sum(x, geom):
   return separable_sum(x, geom)
 
 
-def _jit_select(x, geom, kind):
-  return jax.jit(_select, static_argnums=(1, 2))(x, geom, kind)
-
-
 def _window_select(x, geom, kind):
   return tap_select(x, geom, kind, True)
 
 
 def _unrolled_select(x, geom, kind):
   if jnp.issubdtype(x.dtype, jnp.floating):
-    return jax.jit(_window_select, static_argnums=(1, 2))(x, geom, kind)
-  return jax.jit(functools.partial(arg_select, shared_pad=True), static_argnums=(1, 2))(
-      x, geom, kind)
+    return _window_select(x, geom, kind)
+  return arg_select(x, geom, kind, shared_pad=True)
+
+
+KINDS = ("max", "min")
+_FLOATS = ("special", "all_neg_inf_block", "normal")
+
+
+def _by_dtype(inputs):
+  """The float inputs stacked on the batch axis, then the two integer ones.
+
+  Every output reads one example, so stacking changes nothing that is compared, and
+  the three float inputs share one compiled program.
+  """
+  n = inputs["normal"].shape[0]
+  floats = np.concatenate([inputs[name] for name in _FLOATS])
+  return {"float32": floats, **{k: v for k, v in inputs.items() if k not in _FLOATS}}, n
+
+
+def _split(name, a, n):
+  """``(label, part)`` per input of a :func:`_by_dtype` array: the float ones by name."""
+  a = np.asarray(a)
+  if name != "float32":
+    return [(name, a)]
+  return [(label, a[i * n:(i + 1) * n]) for i, label in enumerate(_FLOATS)]
+
+
+# Each compiled once per geometry and input shapes: max and min, every dtype, in one program
+# (the kernels and the unrolled oracles compiled per kind and per dtype took most of the
+# file's time).
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _select_all(select, geom, xs):
+  """``select``'s values, window offsets and flat indices for each dtype and kind."""
+  out = {}
+  for dtype, x in xs.items():
+    for kind in KINDS:
+      values, offsets = select(x, geom, kind)
+      out[dtype, kind] = values, offsets, flat_indices(offsets, geom)
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _vjps(select, geom, kinds, x, ct):
+  """The VJP of each kind's values at ``x``, one program for all kinds."""
+  return {kind: jax.vjp(lambda v, kind=kind: select(v, geom, kind)[0], x)[1](ct)[0]
+          for kind in kinds}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _jvps(select, geom, x, t):
+  """The JVP of each kind's values and offsets at ``x`` along ``t``."""
+  return {kind: jax.jvp(lambda v, kind=kind: select(v, geom, kind), (x,), (t,)) for kind in KINDS}
 
 
 def _inputs(shape, seed):
@@ -100,27 +152,34 @@ def _inputs(shape, seed):
   }
 
 
-@pytest.mark.parametrize(("length", "window", "stride", "dilation", "padding", "ceil_mode"), [
+# (length, window, stride, dilation, padding, ceil_mode) of the first dim.
+TAP_SPELLINGS = [
     (7, 3, 2, 1, 1, False), (7, 3, 2, 1, 1, True), (8, 2, 2, 1, 0, False),
     (9, 3, 1, 2, 2, False), (6, 4, 3, 1, (2, 1), True), (5, 5, 2, 1, 2, True),
     (4, 10**6, 10**6, 1, 0, True),  # one window, trimmed to the input
     (1, 6, 3, 1, 3, True), (4, 6, 6, 1, 3, True),  # phases starting past the end
-])
-def test_both_tap_spellings_read_the_same_cells(length, window, stride, dilation, padding,
-                                                ceil_mode):
+]
+
+
+def test_both_tap_spellings_read_the_same_cells():
   # The same window over a 2-D map (the second dim fixed at 3x3/2 pad 1) read as
   # stride phases shifted by pads, and as slices of one padded copy: identical
-  # arrays, padding holding the fill value (-7, to be seen).
-  padding = padding if isinstance(padding, tuple) else (padding, padding)
-  geom = Window.create((window, 3), (stride, 2), (padding, (1, 1)), dilation=(dilation, 1),
-                       ceil_mode=ceil_mode).resolve((length, 6))
-  x = jnp.arange(2 * length * 6 * 3, dtype=jnp.float32).reshape(2, length, 6, 3)
-  phases = list(taps(x, geom, -7.0, shared_pad=False))
-  shared = list(taps(x, geom, -7.0, shared_pad=True))
-  assert len(phases) == len(shared) == geom.size
-  for j, (a, b) in enumerate(zip(phases, shared, strict=True)):
-    assert a.shape == b.shape == (2, *geom.out_shape, 3), j
-    np.testing.assert_array_equal(a, b, err_msg=f"tap {j}")
+  # arrays, padding holding the fill value (-7, to be seen). Every configuration in
+  # one jitted program (run eagerly, each slice and pad compiled on its own).
+  geoms, xs = [], []
+  for length, window, stride, dilation, padding, ceil_mode in TAP_SPELLINGS:
+    padding = padding if isinstance(padding, tuple) else (padding, padding)
+    geoms.append(Window.create((window, 3), (stride, 2), (padding, (1, 1)),
+                               dilation=(dilation, 1), ceil_mode=ceil_mode).resolve((length, 6)))
+    xs.append(jnp.arange(2 * length * 6 * 3, dtype=jnp.float32).reshape(2, length, 6, 3))
+  spellings = jax.jit(lambda xs: [
+      (list(taps(x, geom, -7.0, shared_pad=False)), list(taps(x, geom, -7.0, shared_pad=True)))
+      for x, geom in zip(xs, geoms, strict=True)])(xs)
+  for config, geom, (phases, shared) in zip(TAP_SPELLINGS, geoms, spellings, strict=True):
+    assert len(phases) == len(shared) == geom.size, config
+    for j, (a, b) in enumerate(zip(phases, shared, strict=True)):
+      assert a.shape == b.shape == (2, *geom.out_shape, 3), (config, j)
+      np.testing.assert_array_equal(a, b, err_msg=f"{config} tap {j}")
 
 
 # Windows whose padding only the first outputs of a dim reach (a low border): the
@@ -137,10 +196,6 @@ LOW_BORDER = {
 }
 
 
-def _boxed_indices(x, geom, kind):
-  """The box-by-box select's values, flat indices and window offsets."""
-  values, offsets = arg_select_boxes(x, geom, kind)
-  return values, flat_indices(offsets, geom), offsets
 
 
 @pytest.mark.parametrize("case", list(LOW_BORDER))
@@ -164,19 +219,25 @@ def test_box_by_box_select_matches_the_mirror(case):
   for (q0, q1), p in zip(parts[-1], reads, strict=True):
     assert (p[q0:q1] >= 0).all(), case
   # Values and PyTorch's flat indices against the NumPy mirror (PyTorch's scan, cell by
-  # cell), on ties, NaN, infinities, whole -inf windows and integers.
-  boxed = jax.jit(_boxed_indices, static_argnums=(1, 2))
-  for kind in ("max", "min"):
+  # cell), on ties, NaN, infinities, whole -inf windows and integers (int32 stands for
+  # them: int8 takes the same kernel; test_select_matches_unrolled_and_reference has it).
+  inputs = _inputs(shape, seed=14)
+  del inputs["int8"]
+  xs, n = _by_dtype(inputs)
+  got = _select_all(arg_select_boxes, geom, xs)
+  for kind in KINDS:
     mirror = reference.max_pool if kind == "max" else reference.min_pool
-    for name, x in _inputs(shape, seed=14).items():
-      if name == "int8":  # int32 stands for the integers: one compile fewer per case
-        continue
-      values, indices, offsets = boxed(x, geom, kind)
+    for dtype, x in xs.items():
+      values, offsets, indices = got[dtype, kind]
+      assert values.dtype == x.dtype, dtype
+      assert offsets.dtype == np.int8, dtype  # at most 27 taps: int8 offsets
       want_values, want_indices = mirror(x, window, strides, padding, dilation=dilation)
-      np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=name)
-      np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=name)
-      assert values.dtype == x.dtype, name
-      assert offsets.dtype == np.int8, name  # at most 27 taps: int8 offsets
+      for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
+                                   strict=True):
+        np.testing.assert_array_equal(v, w, err_msg=f"{kind} {name}")
+      for (name, i), (_, w) in zip(_split(dtype, indices, n), _split(dtype, want_indices, n),
+                                   strict=True):
+        np.testing.assert_array_equal(i, w, err_msg=f"{kind} {name}")
 
 
 @pytest.mark.parametrize(("window", "strides", "padding", "length"), [
@@ -201,40 +262,38 @@ def test_dispatch_on_tap_count():
   assert _count_equations(entry.jaxpr) == _count_equations(unrolled.jaxpr)
 
 
-# 12x6 is left to the reference test: XLA:CPU takes minutes to compile its unrolled oracle.
-@pytest.mark.parametrize("kind", ["max", "min"])
-@pytest.mark.parametrize("case", [case for case in IDS if case != "12x6-ceil-pad"])
-def test_select_matches_unrolled_bit_for_bit(case, kind):
-  geom = _geom(case)
-  for name, x in _inputs(CASES[case][-1], seed=IDS.index(case)).items():
-    values, offsets = _jit_select(jnp.asarray(x), geom, kind)
-    want_values, want_offsets = _unrolled_select(jnp.asarray(x), geom, kind)
-    assert values.dtype == want_values.dtype and offsets.dtype == want_offsets.dtype, name
-    assert offsets.dtype == offset_dtype_for(geom), name
-    np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values), err_msg=name)
-    np.testing.assert_array_equal(np.asarray(offsets), np.asarray(want_offsets), err_msg=name)
-
-
-@pytest.mark.parametrize("kind", ["max", "min"])
 @pytest.mark.parametrize("case", IDS)
-def test_select_matches_reference(case, kind):
+def test_select_matches_unrolled_and_reference(case):
+  # Values and offsets bit for bit against the unrolled kernels, and values and PyTorch's
+  # flat indices against the NumPy mirror; max and min, every input kind and dtype.
   geom = _geom(case)
   args, kwargs = _ref_kwargs(case)
-  mirror = reference.max_pool if kind == "max" else reference.min_pool
-  for name, x in _inputs(CASES[case][-1], seed=1).items():
-    values, offsets = _jit_select(jnp.asarray(x), geom, kind)
-    indices = flat_indices(offsets, geom)
+  inputs = _inputs(CASES[case][-1], seed=IDS.index(case))
+  if case != INT8_CASE:  # int8 takes int32's code path with its own fill: one case shows it
+    del inputs["int8"]
+  xs, n = _by_dtype(inputs)
+  got = _select_all(_select, geom, xs)
+  unrolled = _select_all(_unrolled_select, geom, xs) if case in UNROLLED_CASES else None
+  for (dtype, kind), (values, offsets, indices) in got.items():
+    x = xs[dtype]
+    assert values.dtype == x.dtype and offsets.dtype == offset_dtype_for(geom), dtype
+    if unrolled is not None:
+      want_values, want_offsets, _ = unrolled[dtype, kind]
+      assert offsets.dtype == want_offsets.dtype, dtype
+      for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
+                                   strict=True):
+        np.testing.assert_array_equal(v, w, err_msg=f"{kind} {name}")
+      for (name, o), (_, w) in zip(_split(dtype, offsets, n), _split(dtype, want_offsets, n),
+                                   strict=True):
+        np.testing.assert_array_equal(o, w, err_msg=f"{kind} {name}")
+    mirror = reference.max_pool if kind == "max" else reference.min_pool
     want_values, want_indices = mirror(x, **args, **kwargs)
-    np.testing.assert_array_equal(np.asarray(values), want_values, err_msg=name)
-    np.testing.assert_array_equal(np.asarray(indices), want_indices, err_msg=name)
-
-
-def _max_vjp(select, geom):
-  """``(x, ct) -> `` the VJP of a max's values: one compiled program, reused for each ``ct``.
-
-  (Run eagerly, a VJP dispatches, and compiles, every op of the unrolled oracle alone.)
-  """
-  return jax.jit(lambda x, ct: jax.vjp(lambda v: select(v, geom, "max")[0], x)[1](ct)[0])
+    for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
+                                 strict=True):
+      np.testing.assert_array_equal(v, w, err_msg=f"{kind} {name} (mirror)")
+    for (name, i), (_, w) in zip(_split(dtype, indices, n), _split(dtype, want_indices, n),
+                                 strict=True):
+      np.testing.assert_array_equal(i, w, err_msg=f"{kind} {name} (mirror)")
 
 
 @pytest.mark.slow
@@ -244,36 +303,40 @@ def test_max_grad_matches_reference_and_unrolled(case):
   args, kwargs = _ref_kwargs(case)
   x = _inputs(CASES[case][-1], seed=2)["int32"].astype(np.float32)  # ties everywhere
   out_shape = (x.shape[0], *geom.out_shape, x.shape[-1])
-  # Integer-valued cotangents: every accumulation is exact, whatever its order.
+  # Integer-valued cotangents: every accumulation is exact, whatever its order. Where
+  # test_select_jvp_and_min_grad takes min's gradient too, the program is the one it reuses.
+  kinds = KINDS if case in JVP_CASES else ("max",)
   g = np.random.default_rng(3).integers(-4, 5, out_shape).astype(np.float32)
-  vjp, vjp_unrolled = _max_vjp(_select, geom), _max_vjp(_window_select, geom)
-  grad, want_unrolled = vjp(x, g), vjp_unrolled(x, g)
-  np.testing.assert_array_equal(np.asarray(grad), np.asarray(want_unrolled))
-  np.testing.assert_array_equal(np.asarray(grad), reference.max_pool_grad(x, g, **args, **kwargs))
+  grads = _vjps(_select, geom, kinds, x, g)
+  want_unrolled = _vjps(_window_select, geom, ("max",), x, g)["max"]
+  np.testing.assert_array_equal(np.asarray(grads["max"]), np.asarray(want_unrolled))
+  for kind in kinds:
+    np.testing.assert_array_equal(np.asarray(grads[kind]),
+                                  reference.max_pool_grad(x, g, **args, **kwargs, kind=kind))
   # Float cotangents: equal up to the order of accumulation over overlapping windows.
   g = np.random.default_rng(4).normal(size=out_shape).astype(np.float32)
-  grad, want_unrolled = vjp(x, g), vjp_unrolled(x, g)
+  grad = _vjps(_select, geom, kinds, x, g)["max"]
+  want_unrolled = _vjps(_window_select, geom, ("max",), x, g)["max"]
   np.testing.assert_allclose(np.asarray(grad), np.asarray(want_unrolled), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["max", "min"])
-@pytest.mark.parametrize("case", ["9x9-overlap-pad", "12x5-ceil-pad", "5x5x5"])
-def test_select_jvp_and_min_grad(case, kind):
+@pytest.mark.parametrize("case", JVP_CASES)
+def test_select_jvp_and_min_grad(case):
   geom = _geom(case)
   args, kwargs = _ref_kwargs(case)
   x = _inputs(CASES[case][-1], seed=5)["special"]
   t = np.random.default_rng(6).integers(-4, 5, x.shape).astype(np.float32)
-  # Each transformation compiled once (run eagerly, it would compile op by op).
-  (values, offsets), (t_values, t_offsets) = jax.jit(
-      lambda x, t: jax.jvp(lambda v: _select(v, geom, kind), (x,), (t,)))(x, t)
-  _, (want_t, _) = jax.jit(
-      lambda x, t: jax.jvp(lambda v: _window_select(v, geom, kind), (x,), (t,)))(x, t)
-  assert t_offsets.dtype == jax.dtypes.float0
-  np.testing.assert_array_equal(np.asarray(t_values), np.asarray(want_t))
-  g = np.random.default_rng(7).integers(-4, 5, values.shape).astype(np.float32)
-  grad = jax.jit(jax.grad(lambda x: (_select(x, geom, kind)[0] * g).sum()))(x)
-  want = reference.max_pool_grad(x, g, **args, **kwargs, kind=kind)
-  np.testing.assert_array_equal(np.asarray(grad), want)
+  jvps, want = _jvps(_select, geom, x, t), _jvps(_window_select, geom, x, t)
+  g = np.random.default_rng(7).integers(-4, 5, jvps["max"][0][0].shape).astype(np.float32)
+  grads = _vjps(_select, geom, KINDS, x, g)
+  for kind in KINDS:
+    _, (t_values, t_offsets) = jvps[kind]
+    assert t_offsets.dtype == jax.dtypes.float0, kind
+    np.testing.assert_array_equal(np.asarray(t_values), np.asarray(want[kind][1][0]),
+                                  err_msg=kind)
+    np.testing.assert_array_equal(
+        np.asarray(grads[kind]), reference.max_pool_grad(x, g, **args, **kwargs, kind=kind),
+        err_msg=kind)
 
 
 def test_select_second_derivative_is_zero():
@@ -285,6 +348,13 @@ def test_select_second_derivative_is_zero():
   np.testing.assert_array_equal(np.asarray(hvp), 0.0)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _sum_transforms(total_fn, geom, x, ct, t):
+  """A window sum's value, VJP along ``ct`` and JVP along ``t``: one program."""
+  total, vjp = jax.vjp(lambda v: total_fn(v, geom), x)
+  return total, vjp(ct)[0], jax.jvp(lambda v: total_fn(v, geom), (x,), (t,))[1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", IDS)
 def test_window_sum_matches_unrolled_and_reference(case):
@@ -292,22 +362,15 @@ def test_window_sum_matches_unrolled_and_reference(case):
   window, strides, padding, dilation, _, shape = CASES[case]
   # Multiples of 1/8: float32 sums are exact in any order, so both paths agree to 1e-6.
   x = _inputs(shape, seed=9)["int32"].astype(np.float32) / 8
-  total = jax.jit(_sum, static_argnums=1)(jnp.asarray(x), geom)
-  unrolled = jax.jit(tap_sum, static_argnums=1)
-  want = unrolled(jnp.asarray(x), geom)
-  np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
-  g = np.random.default_rng(10).integers(-4, 5, total.shape).astype(np.float32) / 8
-  # Each transformation compiled once (run eagerly, it would compile op by op).
-  vjp_of = lambda fn: jax.jit(lambda x, ct: jax.vjp(fn, x)[1](ct)[0])  # noqa: E731
-  grad = vjp_of(lambda x: _sum(x, geom))(x, g)
-  want_grad = vjp_of(lambda x: tap_sum(x, geom))(x, g)
-  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
-  # Normal floats: the summation order differs, so float32 rounding differs slightly.
+  g = np.random.default_rng(10).integers(
+      -4, 5, (shape[0], *geom.out_shape, shape[-1])).astype(np.float32) / 8
+  # Normal floats for the JVP: the summation order differs, so float32 rounding differs.
   t = _inputs(shape, seed=11)["normal"]
-  jvp = jax.jit(lambda x, t: jax.jvp(lambda v: _sum(v, geom), (x,), (t,))[1])(x, t)
-  np.testing.assert_allclose(
-      np.asarray(jvp), np.asarray(unrolled(jnp.asarray(t), geom)), rtol=1e-5, atol=1e-5
-  )
+  total, grad, jvp = _sum_transforms(_sum, geom, x, g, t)
+  want, want_grad, want_jvp = _sum_transforms(tap_sum, geom, x, g, t)
+  np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(jvp), np.asarray(want_jvp), rtol=1e-5, atol=1e-5)
   if all(d == 1 for d in dilation):  # reference.avg_pool has no dilation
     ref = reference.avg_pool(
         x.astype(np.float64), window, strides, padding, ceil_mode=CASES[case][4],

@@ -253,17 +253,24 @@ def test_separable_pools_keep_one_position_for_a_single_window_dim(
                                       ceil_mode=ceil_mode)
   pool = MaxPool(window, strides, padding, dilation=dilation, ceil_mode=ceil_mode,
                  return_indices=True)
-  got, idx = pool(x)
+  avg = AvgPool(window, strides, padding, ceil_mode=ceil_mode) if dilation == (1,) * len(
+      window) else None
+  ct = g(want.shape).astype(np.float32)
+
+  @jax.jit  # values, indices, gradient and average in one program (eager: op by op)
+  def run(v, ct):
+    (got, idx), vjp = jax.vjp(pool, v)
+    grad = vjp((ct, np.zeros(idx.shape, jax.dtypes.float0)))[0]
+    return got, idx, grad, None if avg is None else avg(v)
+
+  got, idx, grad, mean = run(jnp.asarray(x), ct)
   np.testing.assert_array_equal(got, want)
   np.testing.assert_array_equal(idx, want_idx)
-  ct = g(want.shape).astype(np.float32)
-  grad = jax.grad(lambda v: jnp.sum(pool(v)[0] * ct))(jnp.asarray(x))
   np.testing.assert_array_equal(grad, reference.max_pool_grad(
       x, ct, window, strides, padding, dilation=dilation, ceil_mode=ceil_mode))
-  if dilation == (1,) * len(window):
-    got = AvgPool(window, strides, padding, ceil_mode=ceil_mode)(x)
-    np.testing.assert_allclose(got, reference.avg_pool(x, window, strides, padding,
-                                                       ceil_mode=ceil_mode), rtol=1e-6)
+  if avg is not None:
+    np.testing.assert_allclose(mean, reference.avg_pool(x, window, strides, padding,
+                                                        ceil_mode=ceil_mode), rtol=1e-6)
 
 
 # --- batching, jit, vmap and dtypes ----------------------------------------------------
@@ -306,12 +313,17 @@ def test_pool_eager_equals_jit(module):
 def test_maxpool_vmap_matches_batch():
   x = jnp.asarray(np.random.default_rng(2).standard_normal((4, 6, 6, 2)), jnp.float32)
   pool = MaxPool((3, 3), 2, 1, return_indices=True)
-  values, indices = jax.vmap(pool)(x)  # each example unbatched
-  ref_values, ref_indices = pool(x)
+  grad = jax.grad(lambda x: pool(x)[0].sum())
+
+  @jax.jit  # one program (eager, the vmapped backward compiled op by op)
+  def both(x):
+    # each example unbatched, then the batch
+    return jax.vmap(pool)(x), pool(x), jax.vmap(grad)(x), grad(x)
+
+  (values, indices), (ref_values, ref_indices), g, ref_g = both(x)
   np.testing.assert_array_equal(values, ref_values)
   np.testing.assert_array_equal(indices, ref_indices)
-  g = jax.vmap(jax.grad(lambda x: pool(x)[0].sum()))(x)
-  np.testing.assert_array_equal(g, jax.grad(lambda x: pool(x)[0].sum())(x))
+  np.testing.assert_array_equal(g, ref_g)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8])
@@ -345,42 +357,46 @@ def _has_infinity(dtype) -> bool:
 
 # Every float ml_dtypes offers; the XLA implementation for those without infinity only
 # (the others take the same -inf padding as float32, which other tests cover).
-DTYPE_CASES = [(d, "taps") for d in FLOATS] + [
-    (d, "xla") for d in FLOATS if _jax_holds(d) and not _has_infinity(d)]
+DTYPE_CASES = {"taps": FLOATS,
+               "xla": [d for d in FLOATS if _jax_holds(d) and not _has_infinity(d)]}
 
 
-@pytest.mark.parametrize("dtype, implementation", DTYPE_CASES,
-                         ids=[f"{np.dtype(d).name}-{i}" for d, i in DTYPE_CASES])
-def test_select_pool_every_ml_dtypes_float(dtype, implementation):
+@pytest.mark.parametrize("implementation", list(DTYPE_CASES))
+def test_select_pool_every_ml_dtypes_float(implementation):
   # The float8 e4m3fn/fnuz, e8m0fnu and float4 types have no infinity: padding must not
   # become NaN. Expected: the mirror on the same values in float32 (selection is exact).
-  if not _jax_holds(dtype):
-    name = np.dtype(dtype).name
-    with pytest.raises(TypeError, match=f"`inputs` has dtype {name}, which this JAX cannot"):
-      MaxPool(3, 2, 1)(np.zeros((1, 4, 4, 1), dtype))
-    return
-  x = np.random.default_rng(7).uniform(-6, 6, (1, 5, 7, 2)).astype(dtype)
-  x32 = x.astype(np.float32)
+  held = [d for d in DTYPE_CASES[implementation] if _jax_holds(d)]
+  for dtype in DTYPE_CASES[implementation]:
+    if dtype not in held:
+      name = np.dtype(dtype).name
+      with pytest.raises(TypeError, match=f"`inputs` has dtype {name}, which this JAX cannot"):
+        MaxPool(3, 2, 1)(np.zeros((1, 4, 4, 1), dtype))
+  xs = [np.random.default_rng(7).uniform(-6, 6, (1, 5, 7, 2)).astype(d) for d in held]
 
-  @jax.jit
-  def pools(v):  # one compilation for the three pools
-    return (MaxPool(3, 2, 1, return_indices=True)(v), MinPool(3, 2, 1, return_indices=True)(v),
-            AvgPool(3, 2, 1, count_include_pad=False)(v))
+  @jax.jit  # one compilation for the three pools over every dtype
+  def pools(vs):
+    return [(MaxPool(3, 2, 1, return_indices=True)(v), MinPool(3, 2, 1, return_indices=True)(v),
+             AvgPool(3, 2, 1, count_include_pad=False)(v)) for v in vs]
 
   with nnx_pool.use_implementation(implementation):
-    maxima, minima, mean = pools(jnp.asarray(x))
-  for (values, indices), mirror in ((maxima, reference.max_pool), (minima, reference.min_pool)):
-    want_values, want_indices = mirror(x32, (3, 3), (2, 2), ((1, 1), (1, 1)))
-    assert values.dtype == dtype
-    np.testing.assert_array_equal(np.asarray(values).astype(np.float32), want_values)
-    np.testing.assert_array_equal(indices, want_indices)
-  # Averages sum in float32 and round once: within one rounding of the float64 mean.
-  want = reference.avg_pool(x32.astype(np.float64), (3, 3), (2, 2), ((1, 1), (1, 1)),
-                            count_include_pad=False)
-  assert mean.dtype == dtype
-  np.testing.assert_allclose(np.asarray(mean).astype(np.float64), want,
-                             rtol=float(ml_dtypes.finfo(dtype).eps),
-                             atol=float(ml_dtypes.finfo(dtype).smallest_subnormal or 0))
+    results = pools([jnp.asarray(x) for x in xs])
+  for dtype, x, (maxima, minima, mean) in zip(held, xs, results, strict=True):
+    name = np.dtype(dtype).name
+    x32 = x.astype(np.float32)
+    for (values, indices), mirror in ((maxima, reference.max_pool), (minima, reference.min_pool)):
+      want_values, want_indices = mirror(x32, (3, 3), (2, 2), ((1, 1), (1, 1)))
+      assert values.dtype == dtype, name
+      np.testing.assert_array_equal(np.asarray(values).astype(np.float32), want_values,
+                                    err_msg=name)
+      np.testing.assert_array_equal(indices, want_indices, err_msg=name)
+    # Averages sum in float32 and round once: within one rounding of the float64 mean.
+    want = reference.avg_pool(x32.astype(np.float64), (3, 3), (2, 2), ((1, 1), (1, 1)),
+                              count_include_pad=False)
+    assert mean.dtype == dtype, name
+    np.testing.assert_allclose(np.asarray(mean).astype(np.float64), want,
+                               rtol=float(ml_dtypes.finfo(dtype).eps),
+                               atol=float(ml_dtypes.finfo(dtype).smallest_subnormal or 0),
+                               err_msg=name)
 
 
 def test_maxpool_float8_arange_with_padding():
@@ -493,16 +509,17 @@ def test_pool_gradient_matches_finite_differences(module):
 def test_maxpool_second_order_is_zero_and_forward_mode_works():
   # Max pooling is piecewise linear: the Hessian is zero; forward mode picks the argmax.
   x = nhwc(GRID)
-  hessian = jax.hessian(lambda x: jnp.sum(MaxPool((2, 2), 1)(x) ** 1))(x)
+  # Each transformation jitted (eager, every op of the hessian compiled on its own).
+  hessian = jax.jit(jax.hessian(lambda x: jnp.sum(MaxPool((2, 2), 1)(x) ** 1)))(x)
   np.testing.assert_array_equal(hessian, np.zeros((1, 4, 4, 1) * 2))
   tangent = jnp.arange(16.0).reshape(1, 4, 4, 1)
-  _, t_out = jax.jvp(MaxPool((2, 2)), (x,), (tangent,))
+  _, t_out = jax.jit(lambda x, t: jax.jvp(MaxPool((2, 2)), (x,), (t,)))(x, tangent)
   np.testing.assert_array_equal(plane(t_out), [[5, 6], [13, 11]])
   # Reverse over reverse: d/dx of the gradient of sum(y**2) is 2 at each argmax cell.
   def grad_of_square(x):
     return jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) ** 2))(x)
 
-  grad_of_grad = jax.grad(lambda x: grad_of_square(x).sum())(x)
+  grad_of_grad = jax.jit(jax.grad(lambda x: grad_of_square(x).sum()))(x)
   expected = np.zeros(16, np.float32)
   expected[[5, 6, 13, 11]] = 2
   np.testing.assert_array_equal(plane(grad_of_grad), expected.reshape(4, 4))
@@ -598,9 +615,11 @@ def test_maxpool_gradient_matches_mirror(
   # Small integers are exact in bfloat16; the few ties follow the first-max rule in both.
   x = (rng.permutation(np.prod(shape)) % 200 - 100).reshape(shape).astype(np.float32)
   pool = MaxPool(window, strides, padding, dilation=dilation, ceil_mode=ceil_mode)
-  out_shape = pool(jnp.asarray(x)).shape
+  out_shape = jax.eval_shape(pool, jax.ShapeDtypeStruct(shape, jnp.float32)).shape
   g = rng.integers(-8, 8, out_shape).astype(np.float32)
-  grad = jax.grad(lambda x: jnp.sum(pool(x).astype(jnp.float32) * g))(jnp.asarray(x, dtype))
+  # Jitted: eager, the backward's every op compiles on its own.
+  grad = jax.jit(jax.grad(lambda x, g: jnp.sum(pool(x).astype(jnp.float32) * g)))(
+      jnp.asarray(x, dtype), g)
   assert grad.dtype == dtype
   expected = reference.max_pool_grad(
       x, g, window, strides, padding, dilation=dilation, ceil_mode=ceil_mode

@@ -38,6 +38,12 @@ _SETTINGS = dict(
 )
 _AVG_TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums against the mirror's float64
 _PACKAGE = Path(nnx_pool.__file__).parent
+# Each example compiles its own program, so the example counts are the file's time. The
+# four costliest tests run fewer examples than they did (max/min 80 -> 40, their gradient
+# 30 -> 15, avg 40 -> 25, separable max/min 20 -> 10): the derandomized examples kept
+# still draw every value that the longer runs drew of kind, ndim, padding mode, asymmetric
+# pads, ceil mode, dilation, dtype, unbatched input, divisor override, count_include_pad
+# and norm type (checked by listing those features over the valid examples of both).
 
 # The sweeps draw random channels-last shapes; some look channels-first, by design.
 pytestmark = pytest.mark.filterwarnings("ignore::nnx_pool.ChannelsFirstWarning")
@@ -271,7 +277,7 @@ def _mirror_select(cfg: Config, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 ceil_mode=cfg.ceil_mode)
 
 
-@settings(max_examples=80, **_SETTINGS)
+@settings(max_examples=40, **_SETTINGS)
 @given(cfg=st.one_of(configs("max"), configs("min")), return_indices=st.booleans())
 def test_maxpool_minpool_match_mirror(cfg, return_indices):
   out_shape = _predicted_out_shape(cfg)
@@ -288,7 +294,7 @@ def test_maxpool_minpool_match_mirror(cfg, return_indices):
     np.testing.assert_array_equal(indices, want_indices)
 
 
-@settings(max_examples=30, **_SETTINGS)
+@settings(max_examples=15, **_SETTINGS)
 @given(cfg=st.one_of(configs("max"), configs("min")))
 def test_maxpool_minpool_gradient_matches_mirror(cfg):
   cfg = dataclasses.replace(cfg, dtype="float32")
@@ -313,7 +319,7 @@ def test_maxpool_minpool_gradient_matches_mirror(cfg):
   np.testing.assert_array_equal(grad, want)
 
 
-@settings(max_examples=40, **_SETTINGS)
+@settings(max_examples=25, **_SETTINGS)
 @given(cfg=configs("avg"))
 def test_avgpool_matches_mirror(cfg):
   out_shape = _predicted_out_shape(cfg)
@@ -346,7 +352,7 @@ def test_lppool_matches_mirror(cfg):
 
 
 @pytest.mark.slow
-@settings(max_examples=20, **_SETTINGS)
+@settings(max_examples=10, **_SETTINGS)
 @given(cfg=st.one_of(configs("max", separable=True), configs("min", separable=True)))
 def test_separable_maxpool_minpool_match_mirror(cfg):
   cfg = dataclasses.replace(cfg, dtype="float32")

@@ -78,39 +78,56 @@ def test_maxunpool_bad_input():
     MaxUnpool((2,), padding=-1)
 
 
-@pytest.mark.parametrize(
-    "window, strides, padding, shape",
-    [
-        (2, None, 0, (2, 9, 3)),
-        (3, 2, 1, (1, 10, 2)),
-        ((2, 2), None, 0, (2, 6, 8, 3)),
-        ((3, 3), 2, 1, (1, 9, 7, 2)),
-        ((3, 2), (1, 2), (1, 1), (2, 5, 6, 1)),
-        ((2, 2, 2), None, 0, (1, 4, 6, 4, 2)),
-        ((3, 2, 3), (2, 2, 1), (1, 0, 1), (1, 5, 4, 5, 1)),
-    ],
-)
-def test_maxunpool_matches_torch(window, strides, padding, shape):
+# (window, strides, padding, shape): 1-D, 2-D and 3-D, default and explicit strides,
+# with and without padding.
+TORCH_CASES = [
+    (2, None, 0, (2, 9, 3)),
+    (3, 2, 1, (1, 10, 2)),
+    ((2, 2), None, 0, (2, 6, 8, 3)),
+    ((3, 3), 2, 1, (1, 9, 7, 2)),
+    ((3, 2), (1, 2), (1, 1), (2, 5, 6, 1)),
+    ((2, 2, 2), None, 0, (1, 4, 6, 4, 2)),
+    ((3, 2, 3), (2, 2, 1), (1, 0, 1), (1, 5, 4, 5, 1)),
+]
+
+
+def _pool_unpool_all(cases, xs):
+  """MaxPool then MaxUnpool for every ``(window, strides, padding, ndim)``: one jitted program
+  (eager, each case compiled its layout steps one by one)."""
+  def run(xs):
+    out = []
+    for (window, strides, padding, ndim), x in zip(cases, xs, strict=True):
+      values, indices = MaxPool(window, strides, padding, num_spatial_dims=ndim,
+                                return_indices=True)(x)
+      y = MaxUnpool(window, strides, padding, num_spatial_dims=ndim)(
+          values, indices, output_size=x.shape[1:-1])
+      out.append((values, indices, y))
+    return out
+
+  return jax.device_get(jax.jit(run)(xs))
+
+
+def _to_torch(torch, a):
+  return torch.from_numpy(np.moveaxis(np.array(a), -1, 1))
+
+
+def test_maxunpool_matches_torch():
   torch = pytest.importorskip(
       "torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
-  x = np.random.default_rng(1).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
-  ndim = len(shape) - 2
-  values, indices = MaxPool(window, strides, padding, num_spatial_dims=ndim,
-                            return_indices=True)(x)
-  y = MaxUnpool(window, strides, padding, num_spatial_dims=ndim)(
-      values, indices, output_size=shape[1:-1])
-  unpool = {1: torch.nn.functional.max_unpool1d, 2: torch.nn.functional.max_unpool2d,
-            3: torch.nn.functional.max_unpool3d}[ndim]
-
-  def to_torch(a):
-    return torch.from_numpy(np.moveaxis(np.array(a), -1, 1))
-
-  expected = unpool(
-      to_torch(values), to_torch(indices).long(), window, strides, padding,
-      output_size=shape[1:-1],
-  )
-  # PyTorch 2.13 CPU; tie-free inputs, so no two windows name the same cell.
-  np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1))
+  xs = [np.random.default_rng(1).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
+        for *_, shape in TORCH_CASES]
+  results = _pool_unpool_all([(w, s, p, len(shape) - 2) for w, s, p, shape in TORCH_CASES], xs)
+  for (window, strides, padding, shape), (values, indices, y) in zip(
+      TORCH_CASES, results, strict=True):
+    unpool = {1: torch.nn.functional.max_unpool1d, 2: torch.nn.functional.max_unpool2d,
+              3: torch.nn.functional.max_unpool3d}[len(shape) - 2]
+    expected = unpool(
+        _to_torch(torch, values), _to_torch(torch, indices).long(), window, strides, padding,
+        output_size=shape[1:-1],
+    )
+    # PyTorch 2.13 CPU; tie-free inputs, so no two windows name the same cell.
+    np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1),
+                                  err_msg=str((window, strides, padding, shape)))
 
 
 # Every padding form MaxPool takes, copied to MaxUnpool, on a (1, 7, 8, 2) map. The
@@ -125,21 +142,19 @@ PADDINGS = [
 ]
 
 
-@pytest.mark.parametrize("padding, pad", [p[1:] for p in PADDINGS], ids=[p[0] for p in PADDINGS])
-def test_maxunpool_takes_every_maxpool_padding_and_matches_torch(padding, pad):
+def test_maxunpool_takes_every_maxpool_padding_and_matches_torch():
   torch = pytest.importorskip(
       "torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
   shape = (1, 7, 8, 2)
   x = np.random.default_rng(3).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
-  values, indices = MaxPool(3, 2, padding, return_indices=True)(x)
-  y = MaxUnpool(3, 2, padding)(values, indices, output_size=shape[1:-1])
-
-  def to_torch(a):
-    return torch.from_numpy(np.moveaxis(np.array(a), -1, 1))
-
-  expected = torch.nn.functional.max_unpool2d(
-      to_torch(values), to_torch(indices).long(), 3, 2, pad, output_size=shape[1:-1])
-  np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1))  # PyTorch 2.13 CPU
+  results = _pool_unpool_all([(3, 2, padding, 2) for _, padding, _ in PADDINGS],
+                             [x] * len(PADDINGS))
+  for (name, _, pad), (values, indices, y) in zip(PADDINGS, results, strict=True):
+    expected = torch.nn.functional.max_unpool2d(
+        _to_torch(torch, values), _to_torch(torch, indices).long(), 3, 2, pad,
+        output_size=shape[1:-1])
+    np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1),  # PyTorch 2.13 CPU
+                                  err_msg=name)
 
 
 def test_maxunpool_default_size_for_padding_pairs_and_dilation():
