@@ -7,7 +7,9 @@ mirror's over the ``B1 * B2`` examples, reshaped back.
 
 from __future__ import annotations
 
+import runpy
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,9 @@ from nnx_pool import (
 )
 from nnx_pool import functional as F
 from nnx_pool._layout import looks_channels_first
+
+# Modules with seeded uniform parameters, built from shapes: no initialiser compiles.
+build = runpy.run_path(str(Path(__file__).parent / "_cheap.py"))["build"]
 
 RNG = np.random.default_rng(21)
 # Two batch axes, an 8x8 map, 4 channels: distinct values, so no ties.
@@ -117,16 +122,23 @@ def test_several_batch_axes_unpool_and_gradients():
 GATES = [SqueezeExcitation, EffectiveSqueezeExcitation, EfficientChannelAttention, CBAM]
 
 
-@pytest.mark.parametrize("gate", GATES, ids=lambda g: g.__name__)
-def test_several_batch_axes_gate_each_example(gate):
+def test_several_batch_axes_gate_each_example():
   # A gate pools each example's own map: the (2, 3) batch gives what each (H, W, C) does.
   # Each example's own result: the examples one after the other along one batch axis.
-  module = gate(4, rngs=nnx.Rngs(0))
-  module.eval()
-  got = module(jnp.asarray(X))
-  assert got.shape == X.shape
-  each = jax.vmap(module)(jnp.asarray(X.reshape(6, 1, 8, 8, 4)))  # (6, 1, H, W, C)
-  np.testing.assert_allclose(got, each.reshape(X.shape), rtol=1e-6, atol=1e-6)
+  # The four gates built from shapes with NumPy values (tests/_cheap.py: no initialiser
+  # compiles) and run in one jitted program (an eager gate compiles each of its steps).
+  gates = [build(gate, 4) for gate in GATES]
+  for module in gates:
+    module.eval()
+
+  @nnx.jit
+  def both(gates, x):
+    return [(m(x), jax.vmap(m)(x.reshape(6, 1, 8, 8, 4))) for m in gates]  # (6, 1, H, W, C)
+
+  for gate, (got, each) in zip(GATES, both(gates, jnp.asarray(X)), strict=True):
+    assert got.shape == X.shape, gate.__name__
+    np.testing.assert_allclose(got, each.reshape(X.shape), rtol=1e-6, atol=1e-6,
+                               err_msg=gate.__name__)
 
 
 def test_a_rank_that_fits_no_reading_is_refused():

@@ -14,7 +14,7 @@
   ``jax.eval_shape``, so no large array is allocated).
 * Dtypes: bfloat16, float16, int8 and int32, bool refused everywhere, float32
   accumulation of low-precision averages, and float64 under ``jax_enable_x64``
-  (run in a subprocess: this file doubles as the script, see the bottom).
+  (in ``jax.enable_x64(True)``, the context manager, within this process).
 
 A gap found here is kept as an ``xfail(strict=True)`` test whose reason names
 the library change it needs, until that change lands.
@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import linecache
 import math
-import os
 import runpy
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -265,8 +261,8 @@ def test_max_unpool_matches_mirror(cfg, dtype):
               specials=False)
   x = x.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else x
   try:
-    values, indices = MaxPool(cfg["window"], cfg["strides"], cfg["padding"],
-                              return_indices=True)(x)
+    values, indices = _jitted(MaxPool(cfg["window"], cfg["strides"], cfg["padding"],
+                                      return_indices=True), x)
   except ValueError:
     assume(False)  # an invalid pooling: tests/test_pool_properties.py covers it
   values, indices = np.asarray(values), np.asarray(indices)
@@ -287,8 +283,9 @@ def test_max_unpool_matches_mirror(cfg, dtype):
              output_size)
     assert raised_by_nnx_pool(info.value)
     return
-  got = unpool(values if cfg["batch"] else values[0], indices if cfg["batch"] else indices[0],
-               output_size)
+  # Jitted: one compile an example (the eager refusal above needs concrete indices).
+  got = nnx.jit(lambda m, v, i: m(v, i, output_size))(
+      unpool, values if cfg["batch"] else values[0], indices if cfg["batch"] else indices[0])
   got = _rebatch(got, cfg["batch"])
   assert got.dtype == values.dtype
   np.testing.assert_array_equal(np.asarray(got).astype(want.dtype), want)
@@ -871,12 +868,15 @@ def test_low_precision_inputs_keep_their_dtype_and_match_mirror(dtype):
   np_dtype, tol = _LOW[dtype]  # the regression kit's forward tolerance for this dtype
   x = (np.random.default_rng(0).integers(-16, 17, (2, 5, 7, 3)) / 8).astype(np_dtype)
   x64 = x.astype(np.float64)  # exact; the mirror takes NumPy's own dtypes
+  # Each module under jax.jit: one compile, where an eager call also compiles its layout
+  # steps one by one (eager equals jit: tests/test_pool.py, tests/test_adaptive.py).
   checks = [
-      (AvgPool((3, 3), 2, 1)(x), reference.avg_pool(x64, (3, 3), (2, 2), ((1, 1), (1, 1)))),
-      (LPPool(2, (2, 2))(x), reference.lp_pool(x64, 2, (2, 2))),
-      (GlobalAvgPool()(x), reference.global_avg_pool(x64)),
-      (AdaptiveAvgPool((3, 4))(x), reference.adaptive_avg_pool(x64, (3, 4))),
-      (SelectAdaptivePool(2, pool_type="avgmax")(x),
+      (jax.jit(AvgPool((3, 3), 2, 1))(x),
+       reference.avg_pool(x64, (3, 3), (2, 2), ((1, 1), (1, 1)))),
+      (jax.jit(LPPool(2, (2, 2)))(x), reference.lp_pool(x64, 2, (2, 2))),
+      (jax.jit(GlobalAvgPool())(x), reference.global_avg_pool(x64)),
+      (jax.jit(AdaptiveAvgPool((3, 4)))(x), reference.adaptive_avg_pool(x64, (3, 4))),
+      (jax.jit(SelectAdaptivePool(2, pool_type="avgmax"))(x),
        0.5 * (reference.adaptive_avg_pool(x64, (2, 2)) + reference.adaptive_max_pool(x64,
                                                                                      (2, 2))[0])),
   ]
@@ -884,17 +884,18 @@ def test_low_precision_inputs_keep_their_dtype_and_match_mirror(dtype):
     assert got.dtype == np_dtype
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
   selections = [
-      (MaxPool((2, 2))(x), reference.max_pool(x64, (2, 2), (2, 2), "VALID")[0]),
-      (MinPool((3, 3), 1, "SAME")(x), reference.min_pool(x64, (3, 3), (1, 1), "SAME")[0]),
-      (GlobalMaxPool()(x), reference.global_max_pool(x64)),
-      (AdaptiveMaxPool((3, 4))(x), reference.adaptive_max_pool(x64, (3, 4))[0]),
+      (jax.jit(MaxPool((2, 2)))(x), reference.max_pool(x64, (2, 2), (2, 2), "VALID")[0]),
+      (jax.jit(MinPool((3, 3), 1, "SAME"))(x), reference.min_pool(x64, (3, 3), (1, 1), "SAME")[0]),
+      (jax.jit(GlobalMaxPool())(x), reference.global_max_pool(x64)),
+      (jax.jit(AdaptiveMaxPool((3, 4)))(x), reference.adaptive_max_pool(x64, (3, 4))[0]),
   ]
   for got, want in selections:  # max and min select an input value: exact
     assert got.dtype == np_dtype
     np.testing.assert_array_equal(np.asarray(got, np.float64), want)
   se = build(SqueezeExcitation, 3, 2)
-  assert se(x).dtype == np_dtype  # the gated map keeps its dtype with float32 parameters
-  assert build(SqueezeExcitation, 3, 2, dtype=np_dtype, param_dtype=np_dtype)(x).dtype == np_dtype
+  assert _jitted(se, x).dtype == np_dtype  # the gated map keeps its dtype with float32 params
+  low = build(SqueezeExcitation, 3, 2, dtype=np_dtype, param_dtype=np_dtype)
+  assert _jitted(low, x).dtype == np_dtype
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32"])
@@ -993,7 +994,11 @@ def test_bfloat16_global_mean_of_a_128_by_128_map_is_within_tolerance_of_float32
 
 
 def _x64_report() -> dict:
-  """Run with JAX_ENABLE_X64=1: float64 results against the mirror, and the int32 decision."""
+  """Under jax_enable_x64: float64 results against the mirror, and the int32 decision.
+
+  Each module runs under ``jax.jit`` (one compile each, not one per primitive, as the
+  eager float64 calls did); eager calls equal jitted ones (test_pool.py, test_adaptive.py).
+  """
   rng = np.random.default_rng(3)
   x = rng.standard_normal((2, 5, 7, 3))
   pos = rng.uniform(0.5, 2.0, (2, 5, 7, 3))
@@ -1004,26 +1009,29 @@ def _x64_report() -> dict:
     err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
     results[name] = {"dtype": str(got.dtype), "max_abs": err, "exact": exact}
 
-  record("AvgPool", AvgPool((3, 3), 2, 1, count_include_pad=False)(x),
+  record("AvgPool", jax.jit(AvgPool((3, 3), 2, 1, count_include_pad=False))(x),
          reference.avg_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), count_include_pad=False))
-  record("LPPool", LPPool(3, (2, 2))(pos), reference.lp_pool(pos, 3, (2, 2)))
-  record("MaxPool", MaxPool((2, 2))(x), reference.max_pool(x, (2, 2), (2, 2), "VALID")[0], True)
-  record("MinPool", MinPool((3, 3), 1, "SAME")(x),
+  record("LPPool", jax.jit(LPPool(3, (2, 2)))(pos), reference.lp_pool(pos, 3, (2, 2)))
+  record("MaxPool", jax.jit(MaxPool((2, 2)))(x),
+         reference.max_pool(x, (2, 2), (2, 2), "VALID")[0], True)
+  record("MinPool", jax.jit(MinPool((3, 3), 1, "SAME"))(x),
          reference.min_pool(x, (3, 3), (1, 1), "SAME")[0], True)
-  record("GlobalAvgPool", GlobalAvgPool()(x), reference.global_avg_pool(x))
-  record("GlobalMaxPool", GlobalMaxPool()(x), reference.global_max_pool(x), True)
-  record("AdaptiveAvgPool", AdaptiveAvgPool((3, 4))(x), reference.adaptive_avg_pool(x, (3, 4)))
-  record("AdaptiveMaxPool", AdaptiveMaxPool((3, 4))(x),
+  record("GlobalAvgPool", jax.jit(GlobalAvgPool())(x), reference.global_avg_pool(x))
+  record("GlobalMaxPool", jax.jit(GlobalMaxPool())(x), reference.global_max_pool(x), True)
+  record("AdaptiveAvgPool", jax.jit(AdaptiveAvgPool((3, 4)))(x),
+         reference.adaptive_avg_pool(x, (3, 4)))
+  record("AdaptiveMaxPool", jax.jit(AdaptiveMaxPool((3, 4)))(x),
          reference.adaptive_max_pool(x, (3, 4))[0], True)
-  record("SelectAdaptivePool", SelectAdaptivePool(1, pool_type="catavgmax", flatten=True)(x),
+  record("SelectAdaptivePool",
+         jax.jit(SelectAdaptivePool(1, pool_type="catavgmax", flatten=True))(x),
          np.concatenate([reference.global_avg_pool(x), reference.global_max_pool(x)], -1))
-  pooled, where = MaxPool((2, 2), return_indices=True)(x)
-  record("MaxUnpool", MaxUnpool((2, 2))(pooled, where, (5, 7)),
+  pooled, where = jax.jit(MaxPool((2, 2), return_indices=True))(x)
+  record("MaxUnpool", jax.jit(lambda v, i: MaxUnpool((2, 2))(v, i, (5, 7)))(pooled, where),
          reference.max_unpool(np.asarray(pooled), np.asarray(where), (2, 2), output_size=(5, 7)),
          True)
   results["indices_dtype"] = str(where.dtype)
-  se = SqueezeExcitation(3, 2, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
-  results["gate_dtype"] = str(se(x).dtype)
+  se = build(SqueezeExcitation, 3, 2, param_dtype=jnp.float64)
+  results["gate_dtype"] = str(_jitted(se, x).dtype)
   big = jax.ShapeDtypeStruct((1, 2**16, 2**16, 1), jnp.float64)
   try:
     _, idx = jax.eval_shape(MaxPool((2, 2), 2**15, return_indices=True), big)
@@ -1035,13 +1043,10 @@ def _x64_report() -> dict:
 
 @pytest.fixture(scope="module")
 def x64_report() -> dict:
-  env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
-  root = str(Path(__file__).resolve().parents[1])
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-  done = subprocess.run([sys.executable, __file__, "--x64"], capture_output=True, text=True,
-                        timeout=300, env=env, cwd=root, check=False)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  # The context manager gives the dtypes and errors a process started with JAX_ENABLE_X64=1
+  # gives (this report was compared with one), without a second interpreter importing jax.
+  with jax.enable_x64(True):
+    return _x64_report()
 
 
 _X64_MODULES = ("AvgPool", "LPPool", "MaxPool", "MinPool", "GlobalAvgPool", "GlobalMaxPool",
@@ -1066,8 +1071,3 @@ def test_float64_under_x64_big_planes_are_refused_too(x64_report):
   # Stated in docs/limits.md: indices stay int32 under x64, so big planes are refused.
   decision = x64_report["results"]["big_plane_indices"]
   assert decision.startswith("ValueError: MaxPool: a plane of spatial shape (65536, 65536)")
-
-
-if __name__ == "__main__":
-  if "--x64" in sys.argv:
-    print(json.dumps(_x64_report()))
