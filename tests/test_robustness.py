@@ -1041,11 +1041,21 @@ def _x64_report() -> dict:
   return {"x64": bool(jax.config.jax_enable_x64), "results": results}
 
 
+def _enable_x64():
+  """``jax.enable_x64``; the floor, jax 0.7.0, has it in ``jax.experimental`` only (which
+  newer jax dropped)."""
+  if hasattr(jax, "enable_x64"):
+    return jax.enable_x64
+  from jax.experimental import enable_x64  # pyright: ignore[reportAttributeAccessIssue]
+
+  return enable_x64
+
+
 @pytest.fixture(scope="module")
 def x64_report() -> dict:
   # The context manager gives the dtypes and errors a process started with JAX_ENABLE_X64=1
   # gives (this report was compared with one), without a second interpreter importing jax.
-  with jax.enable_x64(True):
+  with _enable_x64()(True):
     return _x64_report()
 
 
