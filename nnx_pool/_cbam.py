@@ -224,9 +224,9 @@ class LightCBAM(_CbamFamily):
     (8, 8, 32)
 
   Args:
-    in_features, squeeze_features, rd_ratio, rd_divisor, spatial_kernel_size,
-      activation, num_spatial_dims: as :class:`CBAM` (the defaults too; the spatial
-      convolution reads one map).
+    in_features, squeeze_features, rd_ratio, rd_divisor: as :class:`CBAM` (the defaults too).
+    spatial_kernel_size, activation, num_spatial_dims: as :class:`CBAM` (the defaults too;
+      the spatial convolution reads one map).
     use_bias: whether the MLP layers have a bias (default False, as timm's ``mlp_bias``).
     dtype, param_dtype, precision, kernel_init, bias_init, rngs: the layer options of
       the MLP layers and the spatial convolution, as :class:`CBAM` takes them.

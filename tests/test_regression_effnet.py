@@ -347,21 +347,25 @@ def test_a_failure_prints_each_block_once(recorded):
 @pytest.mark.integration  # its own CI step (`make test-integration`), outside the 240 s suite
 def test_the_4m_parameter_effnet_under_jit_only(tmp_path):
   # EffNet() at full size (4,020,358 parameters) on 2x64x64 images, checked as a user of a
-  # large model would: under jit only, the weights stored. Its logits are still of order
-  # 1e-7, and a 5% change of them is caught.
+  # large model would: under jit only, the weights stored once. Its logits are still of
+  # order 1e-7, and a 5% change of them is caught (by the check that does not load the
+  # stored weights: the one that does would load them over the change).
   model = effnet_cheaply()
   assert _EFFNET["parameter_count"](model) == 4_020_358
   guard = Guard(tmp_path / "test_effnet")
-  guard.check("logits", model, X, training=False, store_params=True, eager=False)
+  guard.check("stored", model, X, training=False, store_params=True, eager=False)
+  guard.check("logits", model, X, training=False, eager=False)
   guard.check_grad("grads", cross_entropy, model, X, LABELS, training=False, eager=False)
   logits = _stored(tmp_path / "test_effnet", "logits").arrays["output"]
   assert np.abs(logits).max() < 1e-5
   model.classifier.kernel[...] = model.classifier.kernel[...] * 1.05
-  failure = _failure(lambda: guard.check("logits", model, X, training=False, store_params=True,
-                                         eager=False))
+  failure = _failure(lambda: guard.check("logits", model, X, training=False, eager=False))
   (row,) = failure.outcome.report.rows
-  assert row.max_rel == pytest.approx(0.05, rel=1e-3)
+  # 5%, give or take float32 rounding on the smallest logit (measured 0.050066).
+  assert row.status == "FAIL" and row.max_rel == pytest.approx(0.05, rel=5e-3)
   sizes = {p.name: p.stat().st_size for p in (tmp_path / "test_effnet").rglob("*") if p.is_file()}
   weights = sum(p.stat().st_size for p in (tmp_path / "_weights").rglob("*") if p.is_file())
   # float32 weights barely compress (16 MB of them), the gradients somewhat.
   assert weights >= 4 * 4_020_358 * 0.9 and sum(sizes.values()) <= 20e6, (weights, sizes)
+  assert guard.check("stored", model, X, training=False, store_params=True,
+                     eager=False).status == "passed"  # the stored weights, loaded over it

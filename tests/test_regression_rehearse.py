@@ -832,8 +832,10 @@ def test_rehearse_a_file_url_requirement_is_rebuilt_when_its_files_change(stand_
   assert _how(rehearse.rehearse([requirement], baseline="base")) == "reused"
   (mylib / "mylib" / "__init__.py").write_text("X = 2\n")
   again = rehearse.rehearse([requirement], baseline="base")
+  # Named as `packaging` writes it: "mylib @ file://..." (packaging 24.2: "mylib@ file://...").
+  named = str(Pep508(requirement))
   assert _how(again).startswith("built in ") and _how(again).endswith(
-      f" s ({requirement} changed since the cached one was built)")
+      f" s ({named} changed since the cached one was built)")
   assert len(_StandInBuilder.created) == 2 and len(list(_cache().iterdir())) == 1
 
 
