@@ -396,8 +396,11 @@ def run_info(env: Path, json_path: Path, *, scratch: Path) -> int:
 PYTEST_MAIN = """\
 import importlib.util, os, sys
 def foreign(origin):
-  where = os.path.dirname(os.path.realpath(origin)) if origin else "nowhere"
-  return where != os.path.realpath(os.environ["NNX_POOL_REHEARSED"]) and where
+  # Files, not directories, are compared: a package laid out as links to its files (the
+  # venv `make` builds, tools/link_layout.py) is the same package.
+  found = os.path.realpath(origin) if origin else "nowhere"
+  wanted = os.path.realpath(os.path.join(os.environ["NNX_POOL_REHEARSED"], "__init__.py"))
+  return found != wanted and (os.path.dirname(found) if origin else found)
 def refuse(where):
   report = os.environ["NNX_POOL_REHEARSE_FOREIGN"]
   with open(report + ".tmp", "w") as f:
