@@ -104,6 +104,12 @@ def _split(name, a, n):
   return [(label, a[i * n:(i + 1) * n]) for i, label in enumerate(_FLOATS)]
 
 
+def _assert_each_input_equal(dtype, got, want, n, kind):
+  """``got == want`` bit for bit, input by input of a stacked batch (:func:`_split`)."""
+  for (name, g), (_, w) in zip(_split(dtype, got, n), _split(dtype, want, n), strict=True):
+    np.testing.assert_array_equal(g, w, err_msg=f"{kind} {name}")
+
+
 # Each compiled once per geometry and input shapes: max and min, every dtype, in one program
 # (the kernels and the unrolled oracles compiled per kind and per dtype took most of the
 # file's time).
@@ -232,12 +238,8 @@ def test_box_by_box_select_matches_the_mirror(case):
       assert values.dtype == x.dtype, dtype
       assert offsets.dtype == np.int8, dtype  # at most 27 taps: int8 offsets
       want_values, want_indices = mirror(x, window, strides, padding, dilation=dilation)
-      for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
-                                   strict=True):
-        np.testing.assert_array_equal(v, w, err_msg=f"{kind} {name}")
-      for (name, i), (_, w) in zip(_split(dtype, indices, n), _split(dtype, want_indices, n),
-                                   strict=True):
-        np.testing.assert_array_equal(i, w, err_msg=f"{kind} {name}")
+      _assert_each_input_equal(dtype, values, want_values, n, kind)
+      _assert_each_input_equal(dtype, indices, want_indices, n, kind)
 
 
 @pytest.mark.parametrize(("window", "strides", "padding", "length"), [
@@ -280,12 +282,8 @@ def test_select_matches_unrolled_and_reference(case):
     if unrolled is not None:
       want_values, want_offsets, _ = unrolled[dtype, kind]
       assert offsets.dtype == want_offsets.dtype, dtype
-      for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
-                                   strict=True):
-        np.testing.assert_array_equal(v, w, err_msg=f"{kind} {name}")
-      for (name, o), (_, w) in zip(_split(dtype, offsets, n), _split(dtype, want_offsets, n),
-                                   strict=True):
-        np.testing.assert_array_equal(o, w, err_msg=f"{kind} {name}")
+      _assert_each_input_equal(dtype, values, want_values, n, kind)
+      _assert_each_input_equal(dtype, offsets, want_offsets, n, kind)
     mirror = reference.max_pool if kind == "max" else reference.min_pool
     want_values, want_indices = mirror(x, **args, **kwargs)
     for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
