@@ -212,18 +212,18 @@ def _eager_copy(model: nnx.Module) -> nnx.Module:
 
 
 def _layers(rec: Recording, model: nnx.Module, run: Callable[[nnx.Module], Any],
-            eager: bool) -> Any:
-  """Runs ``run`` on a copy of ``model``, eagerly with :func:`~nnx_pool.regression.
-  model_state.capture` (every submodule's output), or only traced (call order, shapes and
-  modes: ``eager=False``); records the layers and the modes they ran in. Returns the eager
-  result (None when traced)."""
+            traced: list[dict[str, Any]] | None) -> Any:
+  """Records the layers and the modes they ran in: with ``traced=None``, runs ``run`` on a
+  copy of ``model`` eagerly with :func:`~nnx_pool.regression.model_state.capture` (every
+  submodule's output) and returns its result; else ``traced`` holds them already (call
+  order, shapes and modes, from a trace: ``eager=False``), and it returns None."""
   out = None
-  if eager:
+  if traced is None:
     copy = _eager_copy(model)
     with model_state.capture(copy) as calls:
       out = run(copy)
   else:
-    calls = model_state.traced_calls(model, run)
+    calls = traced
   rec.model["layers"] = calls  # pyright: ignore[reportOptionalSubscript]  # set by _prepare
   rec.model["modes_used"] = model_state.modes_used(calls)  # pyright: ignore[reportOptionalSubscript]
   return out
@@ -243,7 +243,7 @@ def execute(module_or_fn: Any, inputs: Sequence[Any], *, rtol: float | None,
     store_params: keep the module's state in the recording, to store.
     kwargs: keyword arguments of the call (:func:`call_keywords`).
     eager: also run it eagerly, recording every submodule's output; False runs it under
-      jit only (a module is then traced once more for its layers' shapes and modes).
+      jit only (a module's layers' shapes and modes are then recorded from the jit trace).
     rename: the stored weights' new paths (``store_params``'s ``rename``).
   """
   rec, xs, static, arrays = _start("check", inputs, kwargs, eager)
@@ -251,11 +251,14 @@ def execute(module_or_fn: Any, inputs: Sequence[Any], *, rtol: float | None,
   target = module_or_fn
   if isinstance(module_or_fn, nnx.Module):
     target = _prepare(module_or_fn, weights, store_params, rec, rename)
-  apply, params, rest = split_callable(target, static, tuple(arrays))
+  layers: list[dict[str, Any]] = []  # filled by the jit trace where eager=False
+  observe = None if eager else (lambda m: model_state.traced_into(m, layers))
+  apply, params, rest = split_callable(target, static, tuple(arrays), observe=observe)
   out, rec.compile_s, rec.steady_s = compile_and_time(apply, (params, rest, *args))
   rec.results = _flatten("output", out)
   if isinstance(target, nnx.Module):
-    result = _layers(rec, target, lambda m: m(*xs, **static, **arrays), eager)
+    result = _layers(rec, target, lambda m: m(*xs, **static, **arrays),
+                     None if eager else layers)
   else:
     result = apply(params, rest, *args) if eager else None
   rec.eager = _flatten("output", result) if eager else {}
@@ -302,8 +305,15 @@ def execute_grad(loss_fn: Callable[..., Any], model: nnx.Module, inputs: Sequenc
   def loss(diff, rest, *args):
     return call(nnx.merge(graphdef, diff, rest, copy=True), *args)
 
+  layers: list[dict[str, Any]] = []
+
+  def described(diff, rest, *args):  # the loss, its layers recorded (eager=False)
+    model = nnx.merge(graphdef, diff, rest, copy=True)
+    with model_state.traced_into(model, layers):
+      return call(model, *args)
+
   args = (*xs, *arrays.values())
-  shape = jax.eval_shape(loss, diff, rest, *args)
+  shape = jax.eval_shape(loss if eager else described, diff, rest, *args)
   if getattr(shape, "shape", None) != () or not is_float(shape.dtype):
     raise ValueError(
         f"`loss_fn` must return a floating scalar; got {getattr(shape, 'dtype', type(shape))}"
@@ -317,7 +327,7 @@ def execute_grad(loss_fn: Callable[..., Any], model: nnx.Module, inputs: Sequenc
   if eager:
     value, grads = apply(diff, rest, *args)
     rec.eager = {"loss": to_numpy(value), **_flatten("grad", grads)}
-  _layers(rec, target, lambda m: call(m, *args), eager)
+  _layers(rec, target, lambda m: call(m, *args), None if eager else layers)
   _settle(rec, lambda key, dtype, scale: tolerance_for(
       "gradient", "output" if key == "loss" else "grad_params", dtype, rtol=rtol, atol=atol,
       scale=scale))

@@ -452,23 +452,15 @@ def capture(model: nnx.Module, *, values: bool = True) -> Iterator[list[dict[str
         type.__setattr__(cls, "__call__", own)
 
 
-def traced_calls(model: nnx.Module, run: Callable[[nnx.Module], Any]) -> list[dict[str, Any]]:
-  """:func:`capture` of ``run(model)`` traced under ``nnx.eval_shape``: each submodule's call
-  order, output shapes and modes, at the cost of a trace (nothing is compiled or computed).
-
-  ``run`` receives the copy of ``model`` that the trace holds; the caller's model is not
-  touched (BatchNorm's statistics are updated on that copy only).
-  """
-  calls: list[dict[str, Any]] = []
-
-  def traced(inner: nnx.Module) -> Any:
-    with capture(inner, values=False) as inside:
-      out = run(inner)
-    calls.extend(inside)
-    return out
-
-  nnx.eval_shape(traced, nnx.merge(*nnx.split(model), copy=True))
-  return calls
+@contextlib.contextmanager
+def traced_into(model: nnx.Module, calls: list[dict[str, Any]]) -> Iterator[None]:
+  """:func:`capture` (``values=False``) of a block that traces ``model``, its calls added to
+  ``calls`` when the block ends: each submodule's call order, output shapes and modes, from
+  a trace that is made anyway (a jit-only check's compile, ``check_grad``'s ``eval_shape``
+  of the loss), so that nothing is traced twice."""
+  with capture(model, values=False) as inside:
+    yield
+  calls.extend(inside)
 
 
 def modes_used(calls: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, bool]]:

@@ -32,6 +32,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import jax
@@ -96,7 +97,9 @@ def to_numpy(x: Any) -> np.ndarray:
 
 
 def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
-                   keywords: Sequence[str] = ()) -> tuple[Apply, Any, Any]:
+                   keywords: Sequence[str] = (), *,
+                   observe: Callable[[nnx.Module], AbstractContextManager[Any]] | None = None
+                   ) -> tuple[Apply, Any, Any]:
   """Turns an NNX module or a function into ``apply(params, rest, *inputs)`` and its state.
 
   A module is split into its ``nnx.Param`` state and everything else (BatchNorm's
@@ -111,6 +114,9 @@ def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
       over, so static under ``jax.jit``.
     keywords: the names of the last ``len(keywords)`` inputs, passed by keyword (arrays
       given as keyword arguments, traced under ``jax.jit``).
+    observe: for a module, a context manager factory entered around each call of the merged
+      copy, given that copy (the fixture records the submodules' calls of the jit trace
+      with :func:`~nnx_pool.regression.model_state.capture`, instead of tracing them again).
 
   Returns:
     ``(apply, params, rest)``; ``params`` and ``rest`` are ``nnx.State`` objects, or None
@@ -127,7 +133,11 @@ def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
     graphdef, params, rest = nnx.split(obj, nnx.Param, ...)
 
     def apply(params, rest, *xs):
-      return call(nnx.merge(graphdef, params, rest, copy=True), xs)
+      model = nnx.merge(graphdef, params, rest, copy=True)
+      if observe is None:
+        return call(model, xs)
+      with observe(model):
+        return call(model, xs)
 
     return apply, params, rest
   if callable(obj):
