@@ -7,6 +7,7 @@ The logic runs on the narrow ResNet (width 4, the same code) through
 pooled shapes).
 """
 
+import functools
 import json
 import runpy
 import shutil
@@ -34,8 +35,15 @@ X = images(2, 32)  # stem: 32 -> conv stride 2 -> 16 -> MaxPool(3, 2, 1) -> 8
 LABELS = jnp.array([3, 7])
 
 
-def _model(seed: int = 0, **kw) -> ResNet:
-  return resnet_cheaply(width=WIDTH, seed=seed, **kw)
+@functools.cache
+def _built(seed: int, num_classes: int) -> ResNet:
+  return resnet_cheaply(width=WIDTH, seed=seed, num_classes=num_classes)
+
+
+def _model(seed: int = 0, num_classes: int = 10) -> ResNet:
+  """A fresh copy of one narrow ResNet per seed and head (built once, 0.1 to 0.4 s each; a
+  copy takes milliseconds): tests change their copy."""
+  return nnx.merge(*nnx.split(_built(seed, num_classes)), copy=True)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +80,7 @@ def _failure(call) -> RegressionFailure:
 
 class _Small(nnx.Module):
   """A convolution, BatchNorm and a linear head: the ResNet's layers, few enough that an eager
-  gradient compiles in a second."""
+  gradient compiles in a second. Built with :func:`_small` (its values from NumPy)."""
 
   def __init__(self, rngs):
     self.conv = nnx.Conv(3, 4, (3, 3), rngs=rngs)
@@ -81,6 +89,16 @@ class _Small(nnx.Module):
 
   def __call__(self, x):
     return self.fc(jnp.mean(jax.nn.relu(self.bn(self.conv(x))), axis=(1, 2)))
+
+
+_CHEAP = runpy.run_path(str(Path(__file__).parent / "_cheap.py"))
+
+
+def _small() -> _Small:
+  """A :class:`_Small` filled from NumPy (uniform weights, BatchNorm statistics 1): Flax's
+  initialisers would compile once per parameter shape, and the tests need the layers, not
+  their initialisation."""
+  return _CHEAP["build"](_Small)
 
 
 def _nnx_grad(model, mode):
@@ -109,7 +127,7 @@ def test_check_grad_records_nnx_grad_of_the_resnet_in_eval_mode(recorded):
 def test_check_grad_of_a_batchnorm_model_in_train_mode(tmp_path):
   # Before the fix, split_callable closed over BatchNorm's statistics: under jit, a module
   # in train mode failed with "Cannot mutate BatchStat from a different trace level".
-  model = _Small(nnx.Rngs(0))
+  model = _small()
   model.train()
   guard = Guard(tmp_path)
   assert guard.check_grad("grads", cross_entropy, model, X, LABELS).status == "written"
@@ -167,7 +185,7 @@ def test_dropout_in_eval_mode_and_nnx_grad_inside_call_work_under_the_fixture(tm
   guard.check_grad("dropout_grad", lambda m, x: jnp.mean(m(x)), model, x)
   # nnx.grad inside __call__, of a model with BatchNorm: before the fix, "Cannot extract graph
   # node from different trace level, got BatchStat(...)".
-  small = _Small(nnx.Rngs(0))
+  small = _small()
   small.eval()
   inner = _Gradient(small)
   guard.check("inner_grad", inner, X)
