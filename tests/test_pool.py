@@ -457,19 +457,22 @@ def test_avgpool_low_precision_accumulates_in_float32(dtype, rtol):
 @pytest.mark.parametrize("padding", ["VALID", "SAME"])
 @pytest.mark.parametrize("window, strides", [((2, 2), (2, 2)), ((3, 3), (1, 1)), ((3, 2), (2, 1))])
 def test_pool_equals_flax(padding, window, strides):
-  x = jnp.asarray(np.random.default_rng(5).standard_normal((2, 7, 8, 3)), jnp.float32)
-  np.testing.assert_array_equal(
-      MaxPool(window, strides, padding)(x), nnx.max_pool(x, window, strides, padding)
-  )
-  np.testing.assert_array_equal(
-      MinPool(window, strides, padding)(x), nnx.min_pool(x, window, strides, padding)
-  )
-  for include in (True, False):
-    np.testing.assert_allclose(
-        AvgPool(window, strides, padding, count_include_pad=include)(x),
-        nnx.avg_pool(x, window, strides, padding, count_include_pad=include),
-        rtol=1e-6, atol=1e-6,
-    )
+  x = np.random.default_rng(5).standard_normal((2, 7, 8, 3)).astype(np.float32)
+
+  @jax.jit  # ours and Flax's in one program (eager: Flax's ops compiled one by one)
+  def both(x):
+    ours = [MaxPool(window, strides, padding)(x), MinPool(window, strides, padding)(x)]
+    flax = [nnx.max_pool(x, window, strides, padding), nnx.min_pool(x, window, strides, padding)]
+    for include in (True, False):
+      ours.append(AvgPool(window, strides, padding, count_include_pad=include)(x))
+      flax.append(nnx.avg_pool(x, window, strides, padding, count_include_pad=include))
+    return ours, flax
+
+  ours, flax = both(x)
+  np.testing.assert_array_equal(ours[0], flax[0])  # max
+  np.testing.assert_array_equal(ours[1], flax[1])  # min
+  for got, want in zip(ours[2:], flax[2:], strict=True):  # average, pads counted or not
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 # --- gradients -------------------------------------------------------------------------
