@@ -443,8 +443,8 @@ def test_avgpool_low_precision_accumulates_in_float32(dtype, rtol):
   assert grad.dtype == dtype and bool(jnp.isfinite(grad.astype(jnp.float32)).all())
   # Hand computation: 256 then eight ones in one 3x3 window. Summed in float32, 264 / 9 =
   # 29.33, which rounds to 29.375 in bfloat16 (spacing 0.125) and to 29.328125 in float16.
-  # A bfloat16 running sum stalls at 256 (257 rounds to even), giving 28.5. Eager: an
-  # outer jit could let XLA keep excess precision and hide such a running sum.
+  # A bfloat16 running sum stalls at 256 (257 rounds to even), giving 28.5. These calls
+  # stay eager, as a user makes them (the module's own programs, nothing fused around).
   window = jnp.ones((1, 3, 3, 1), dtype).at[0, 0, 0, 0].set(256)
   want = {jnp.bfloat16: 29.375, jnp.float16: 29.328125}[dtype]
   assert float(AvgPool(3)(window)[0, 0, 0, 0]) == want
