@@ -182,17 +182,22 @@ def test_batch_axes_vmap_and_forward_mode():
   rng = np.random.default_rng(0)
   x = rng.standard_normal((2, 3, 7, 6, 4)).astype(np.float32)  # (B1, B2, H, W, C)
   pool = BlurPool(3, 2)
-  several = pool(x)
-  np.testing.assert_array_equal(several, pool(x.reshape(6, 7, 6, 4)).reshape(2, 3, 4, 3, 4))
-  np.testing.assert_array_equal(jax.vmap(pool)(x[0]), several[0])  # unbatched under vmap
+  t = rng.standard_normal(x[0].shape).astype(np.float32)
+  g = rng.standard_normal((3, 4, 3, 4)).astype(np.float32)  # the output of one example
+
+  @jax.jit  # every call in one program (eager: each layout step and op compiled alone)
+  def run(x, t, g):
+    tangent = jax.jvp(pool, (x[0],), (t,))[1]
+    grad = jax.grad(lambda v: jnp.sum(pool(v) * g))(x[0])
+    return pool(x), pool(x.reshape(6, 7, 6, 4)), jax.vmap(pool)(x[0]), tangent, pool(t), grad
+
+  several, flat, mapped, tangent, blurred_t, grad = run(x, t, g)
+  np.testing.assert_array_equal(several, flat.reshape(2, 3, 4, 3, 4))
+  np.testing.assert_array_equal(mapped, several[0])  # unbatched under vmap
   # The blur is linear: the forward-mode tangent is the blur of the tangent, and the
   # reverse-mode gradient of <blur(x), g> is its transpose: <blur(t), g> = <t, grad>.
-  t = rng.standard_normal(x[0].shape).astype(np.float32)
-  y, tangent = jax.jvp(pool, (x[0],), (t,))
-  np.testing.assert_allclose(tangent, pool(t), rtol=1e-6, atol=1e-6)
-  g = rng.standard_normal(y.shape).astype(np.float32)
-  grad = jax.grad(lambda x: jnp.sum(pool(x) * g))(x[0])
-  np.testing.assert_allclose(np.sum(pool(t) * g), np.sum(t * grad), rtol=1e-5)
+  np.testing.assert_allclose(tangent, blurred_t, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.sum(blurred_t * g), np.sum(t * grad), rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

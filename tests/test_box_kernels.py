@@ -13,6 +13,7 @@ Jacobian, built cell by cell from its forward (the gradient of ``sum(f(x) * g)``
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -53,13 +54,15 @@ def _ints(shape, seed):
 
 
 def _mirror_jacobian_vjp(forward, shape, g):
-  """The mirror's gradient of ``sum(forward(x) * g)``: cell ``i`` gets ``sum(forward(e_i) * g)``."""
-  grad = np.zeros(shape, np.float64)
-  for i in np.ndindex(*shape):
-    unit = np.zeros(shape, np.float32)
-    unit[i] = 1.0
-    grad[i] = np.sum(np.asarray(forward(unit), np.float64) * g)
-  return grad
+  """The mirror's gradient of ``sum(forward(x) * g)``: cell ``i`` gets ``sum(forward(e_i) * g)``.
+
+  The mirror pools each example on its own, so every unit array ``e_i`` goes through it in
+  one call, stacked on the batch axis.
+  """
+  cells = math.prod(shape)
+  units = np.eye(cells, dtype=np.float32).reshape(cells * shape[0], *shape[1:])
+  out = np.asarray(forward(units), np.float64).reshape(cells, *g.shape)
+  return np.sum(out * g, axis=tuple(range(1, out.ndim))).reshape(shape)
 
 
 @pytest.fixture
@@ -84,12 +87,18 @@ def test_window_sums_in_boxes_and_their_gradients_equal_the_mirror(case, boxes_e
                                padding=padding, ceil_mode=ceil_mode, divisor_override=1)
   x = _ints(shape, len(case))
   want = mirror(x)
-  np.testing.assert_array_equal(jax.jit(lambda a: sum_taps(a, geom, split=True))(x), want)
-  np.testing.assert_array_equal(jax.jit(lambda a: sum_taps(a, geom, split=False))(x), want)
-  # The gradient (a stride-1 sum's is itself a window sum in boxes, the others the phase
-  # scatter) through the custom JVP, reverse mode.
   g = _ints(want.shape, len(case) + 1)
-  grad = jax.jit(jax.grad(lambda a: jnp.sum(tap_sum(a, geom) * g)))(x)
+
+  @jax.jit  # both spellings and the gradient in one program
+  def run(a, g):
+    # The gradient (a stride-1 sum's is itself a window sum in boxes, the others the phase
+    # scatter) through the custom JVP, reverse mode.
+    grad = jax.grad(lambda a: jnp.sum(tap_sum(a, geom) * g))(a)
+    return sum_taps(a, geom, split=True), sum_taps(a, geom, split=False), grad
+
+  in_boxes, in_one_box, grad = run(x, g)
+  np.testing.assert_array_equal(in_boxes, want)
+  np.testing.assert_array_equal(in_one_box, want)
   np.testing.assert_array_equal(grad, _mirror_jacobian_vjp(mirror, shape, g))
 
 
@@ -131,13 +140,19 @@ def test_blur_views_in_boxes_or_not_match_the_mirror(filter_size, strides, pad_m
 
   x = np.random.default_rng(filter_size + strides).standard_normal(shape).astype(np.float32)
   want = mirror(x)
-  run = jax.jit(lambda a: blur_views(a, axes, pad_mode))
-  # The separable passes sum in another order than the mirror's float64 product: ULPs.
-  np.testing.assert_allclose(run(x), want, rtol=1e-6, atol=1e-6)
   g = np.random.default_rng(1).standard_normal(want.shape).astype(np.float32)
-  grad = jax.jit(jax.grad(lambda a: jnp.sum(run(a) * g)))(x)
+
+  @jax.jit  # values, gradient and tangent in one program
+  def run(a, g):
+    blur = lambda v: blur_views(v, axes, pad_mode)  # noqa: E731
+    grad = jax.grad(lambda v: jnp.sum(blur(v) * g))(a)
+    tangent = jax.jvp(blur, (a,), (a,))[1]  # linear: the tangent is the blur of the tangent
+    return blur(a), grad, tangent
+
+  values, grad, tangent = run(x, g)
+  # The separable passes sum in another order than the mirror's float64 product: ULPs.
+  np.testing.assert_allclose(values, want, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(grad, _mirror_jacobian_vjp(mirror, shape, g), rtol=1e-5, atol=1e-6)
-  tangent = jax.jvp(run, (x,), (x,))[1]  # linear: the tangent is the blur of the tangent
   np.testing.assert_allclose(tangent, want, rtol=1e-6, atol=1e-6)
 
 

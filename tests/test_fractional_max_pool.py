@@ -235,22 +235,29 @@ def test_batch_axes_vmap_jvp_and_bfloat16():
   x = rng.standard_normal((2, 3, 8, 7, 4)).astype(np.float32)  # (B1, B2, H, W, C)
   samples = rng.random((2, 3, 4, 2)).astype(np.float32)
   pool = FractionalMaxPool((2, 3), output_ratio=0.6, return_indices=True)
-  flat = pool(x.reshape(6, 8, 7, 4), samples=samples.reshape(6, 4, 2))
-  several = pool(x, samples=samples)
+  t = rng.standard_normal(x[0].shape).astype(np.float32)
+  xi = rng.integers(-8, 8, x[0].shape).astype(np.float32)
+
+  # Every call in one program (eager: each layout step and op compiled alone). The samples
+  # are traced, so their range check is skipped; they are the same drawn values in [0, 1).
+  @jax.jit
+  def run(x, samples, t, xi):
+    return (pool(x.reshape(6, 8, 7, 4), samples=samples.reshape(6, 4, 2)),
+            pool(x, samples=samples),
+            # vmap over examples, each unbatched with its (C, 2) samples.
+            jax.vmap(lambda x, s: pool(x, samples=s))(x[0], samples[0]),
+            jax.jvp(lambda v: pool(v, samples=samples[0])[0], (x[0],), (t,))[1],
+            pool(xi.astype(jnp.bfloat16), samples=samples[0].astype(jnp.bfloat16)))
+
+  flat, several, mapped, tangent, got = run(x, samples, t, xi)
   for a, b in zip(several, flat, strict=True):
     np.testing.assert_array_equal(a, b.reshape(2, 3, *b.shape[1:]))
-  # vmap over examples, each unbatched with its (C, 2) samples.
-  mapped = jax.vmap(lambda x, s: pool(x, samples=s))(x[0], samples[0])
   np.testing.assert_array_equal(mapped[0], several[0][0])
   # Forward mode: the tangent of each output is the tangent of its indexed cell.
-  t = rng.standard_normal(x[0].shape).astype(np.float32)
-  _, tangent = jax.jvp(lambda x: pool(x, samples=samples[0])[0], (x[0],), (t,))
   index = np.asarray(several[1][0]).reshape(3, -1, 4)
   want = np.take_along_axis(t.reshape(3, -1, 4), index, axis=1).reshape(tangent.shape)
   np.testing.assert_array_equal(tangent, want)
   # bfloat16 stays bfloat16 and picks the cells float32 picks where the values are exact.
-  xi = rng.integers(-8, 8, x[0].shape).astype(np.float32)
-  got = pool(jnp.asarray(xi, jnp.bfloat16), samples=jnp.asarray(samples[0], jnp.bfloat16))
   assert got[0].dtype == jnp.bfloat16
   want = reference.fractional_max_pool(
       xi, (2, 3), (4, 4), samples[0].astype(ml_dtypes.bfloat16))

@@ -173,21 +173,25 @@ def test_batch_axes_vmap_forward_mode_and_bfloat16():
   rng = np.random.default_rng(2)
   x = rng.standard_normal((2, 3, 6, 5, 4)).astype(np.float32)  # (B1, B2, H, W, C)
   pool = MedianPool(3, 1, 1)
-  several = pool(x)
-  np.testing.assert_array_equal(several, pool(x.reshape(6, 6, 5, 4)).reshape(2, 3, 6, 5, 4))
-  np.testing.assert_array_equal(jax.vmap(pool)(x[0]), several[0])  # unbatched under vmap
+  t = rng.standard_normal(x[0].shape).astype(np.float32)
+
+  @jax.jit  # every call in one program (eager: each layout step and op compiled alone)
+  def run(x, t):
+    xb = x[0].astype(jnp.bfloat16)
+    return (pool(x), pool(x.reshape(6, 6, 5, 4)), jax.vmap(pool)(x[0]),
+            jax.jvp(pool, (x[0],), (t,))[1], pool(xb), pool(xb.astype(jnp.float32)))
+
+  several, flat, mapped, tangent, got, got_f32 = run(x, t)
+  np.testing.assert_array_equal(several, flat.reshape(2, 3, 6, 5, 4))
+  np.testing.assert_array_equal(mapped, several[0])  # unbatched under vmap
   # Forward mode: each output's tangent is the tangent of its median cell, which the
   # mirror names (a reflected cell names the input cell it mirrors).
-  t = rng.standard_normal(x[0].shape).astype(np.float32)
-  _, tangent = jax.jvp(pool, (x[0],), (t,))
   _, index = reference.median_pool(x[0], (3, 3), (1, 1), ((1, 1), (1, 1)))
   want = np.take_along_axis(t.reshape(3, 30, 4), index.reshape(3, 30, 4), axis=1)
   np.testing.assert_array_equal(tangent, want.reshape(tangent.shape))
   # bfloat16 is selected, not computed: the bfloat16 cells float32 selects.
-  xb = jnp.asarray(x[0], jnp.bfloat16)
-  got = pool(xb)
   assert got.dtype == jnp.bfloat16
-  np.testing.assert_array_equal(got, pool(xb.astype(jnp.float32)).astype(jnp.bfloat16))
+  np.testing.assert_array_equal(got, got_f32.astype(jnp.bfloat16))
 
 
 def test_nchw_guard():
