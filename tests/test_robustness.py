@@ -144,6 +144,18 @@ def _jitted(module, x):
   return nnx.jit(lambda m, v: m(v))(module, x)
 
 
+@nnx.jit
+def _apply_each(modules, x):
+  """Each module on ``x``, all in one compiled program (one compile for the lot, where a
+  jit of each compiles once a module, and an eager call once an operation)."""
+  return [m(x) for m in modules]
+
+
+@jax.jit
+def _unpool_2x2(values, indices):
+  return MaxUnpool((2, 2))(values, indices)
+
+
 # ============================================================================
 # Global, adaptive and selectable pooling against the mirror.
 # ============================================================================
@@ -868,34 +880,34 @@ def test_low_precision_inputs_keep_their_dtype_and_match_mirror(dtype):
   np_dtype, tol = _LOW[dtype]  # the regression kit's forward tolerance for this dtype
   x = (np.random.default_rng(0).integers(-16, 17, (2, 5, 7, 3)) / 8).astype(np_dtype)
   x64 = x.astype(np.float64)  # exact; the mirror takes NumPy's own dtypes
-  # Each module under jax.jit: one compile, where an eager call also compiles its layout
+  # All modules under one jit: one compile, where an eager call also compiles its layout
   # steps one by one (eager equals jit: tests/test_pool.py, tests/test_adaptive.py).
-  checks = [
-      (jax.jit(AvgPool((3, 3), 2, 1))(x),
-       reference.avg_pool(x64, (3, 3), (2, 2), ((1, 1), (1, 1)))),
-      (jax.jit(LPPool(2, (2, 2)))(x), reference.lp_pool(x64, 2, (2, 2))),
-      (jax.jit(GlobalAvgPool())(x), reference.global_avg_pool(x64)),
-      (jax.jit(AdaptiveAvgPool((3, 4)))(x), reference.adaptive_avg_pool(x64, (3, 4))),
-      (jax.jit(SelectAdaptivePool(2, pool_type="avgmax"))(x),
+  averages = [
+      (AvgPool((3, 3), 2, 1), reference.avg_pool(x64, (3, 3), (2, 2), ((1, 1), (1, 1)))),
+      (LPPool(2, (2, 2)), reference.lp_pool(x64, 2, (2, 2))),
+      (GlobalAvgPool(), reference.global_avg_pool(x64)),
+      (AdaptiveAvgPool((3, 4)), reference.adaptive_avg_pool(x64, (3, 4))),
+      (SelectAdaptivePool(2, pool_type="avgmax"),
        0.5 * (reference.adaptive_avg_pool(x64, (2, 2)) + reference.adaptive_max_pool(x64,
                                                                                      (2, 2))[0])),
   ]
-  for got, want in checks:
-    assert got.dtype == np_dtype
-    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
   selections = [
-      (jax.jit(MaxPool((2, 2)))(x), reference.max_pool(x64, (2, 2), (2, 2), "VALID")[0]),
-      (jax.jit(MinPool((3, 3), 1, "SAME"))(x), reference.min_pool(x64, (3, 3), (1, 1), "SAME")[0]),
-      (jax.jit(GlobalMaxPool())(x), reference.global_max_pool(x64)),
-      (jax.jit(AdaptiveMaxPool((3, 4)))(x), reference.adaptive_max_pool(x64, (3, 4))[0]),
+      (MaxPool((2, 2)), reference.max_pool(x64, (2, 2), (2, 2), "VALID")[0]),
+      (MinPool((3, 3), 1, "SAME"), reference.min_pool(x64, (3, 3), (1, 1), "SAME")[0]),
+      (GlobalMaxPool(), reference.global_max_pool(x64)),
+      (AdaptiveMaxPool((3, 4)), reference.adaptive_max_pool(x64, (3, 4))[0]),
   ]
-  for got, want in selections:  # max and min select an input value: exact
-    assert got.dtype == np_dtype
-    np.testing.assert_array_equal(np.asarray(got, np.float64), want)
   se = build(SqueezeExcitation, 3, 2)
-  assert _jitted(se, x).dtype == np_dtype  # the gated map keeps its dtype with float32 params
   low = build(SqueezeExcitation, 3, 2, dtype=np_dtype, param_dtype=np_dtype)
-  assert _jitted(low, x).dtype == np_dtype
+  *got, got_se, got_low = _apply_each([m for m, _ in averages + selections] + [se, low], x)
+  for got_one, (_, want) in zip(got[:len(averages)], averages, strict=True):
+    assert got_one.dtype == np_dtype
+    np.testing.assert_allclose(np.asarray(got_one, np.float64), want, rtol=tol, atol=tol)
+  for got_one, (_, want) in zip(got[len(averages):], selections, strict=True):
+    assert got_one.dtype == np_dtype  # max and min select an input value: exact
+    np.testing.assert_array_equal(np.asarray(got_one, np.float64), want)
+  assert got_se.dtype == np_dtype  # the gated map keeps its dtype with float32 params
+  assert got_low.dtype == np_dtype
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32"])
@@ -904,23 +916,26 @@ def test_integer_inputs_for_max_and_min_are_exact(dtype):
   x = np.random.default_rng(1).integers(info.min, info.max, (2, 6, 6, 2), endpoint=True)
   x = x.astype(dtype)
   x[0, 0, 0, 0], x[1, 5, 5, 1] = info.min, info.max  # the extremes, next to the padding
-  for kind, cls, mirror in (("max", MaxPool, reference.max_pool),
-                            ("min", MinPool, reference.min_pool)):
-    # Padding holds the dtype's min (max) and never wins; no -max(-x) overflow.
-    values, indices = cls((3, 3), 2, 1, return_indices=True)(x)
+  # One compiled program for all the pools (eager equals jit: tests/test_pool.py,
+  # tests/test_adaptive.py); padding holds the dtype's min (max) and never wins, and no
+  # -max(-x) overflows.
+  [(max_values, max_indices), (min_values, min_indices), global_max, (ada_values, ada_indices),
+   select, (pooled, where)] = _apply_each([
+          MaxPool((3, 3), 2, 1, return_indices=True), MinPool((3, 3), 2, 1, return_indices=True),
+          GlobalMaxPool(), AdaptiveMaxPool((4, 4), return_indices=True),
+          SelectAdaptivePool(2, pool_type="max"), MaxPool((2, 2), return_indices=True)], x)
+  for kind, values, indices, mirror in (("max", max_values, max_indices, reference.max_pool),
+                                        ("min", min_values, min_indices, reference.min_pool)):
     want_values, want_indices = mirror(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
     assert values.dtype == x.dtype, kind
     np.testing.assert_array_equal(values, want_values)
     np.testing.assert_array_equal(indices, want_indices)
-  np.testing.assert_array_equal(GlobalMaxPool()(x), reference.global_max_pool(x))
-  values, indices = AdaptiveMaxPool((4, 4), return_indices=True)(x)
+  np.testing.assert_array_equal(global_max, reference.global_max_pool(x))
   want_values, want_indices = reference.adaptive_max_pool(x, (4, 4))
-  np.testing.assert_array_equal(values, want_values)
-  np.testing.assert_array_equal(indices, want_indices)
-  np.testing.assert_array_equal(SelectAdaptivePool(2, pool_type="max")(x),
-                                reference.adaptive_max_pool(x, (2, 2))[0])
-  pooled, where = MaxPool((2, 2), return_indices=True)(x)
-  unpooled = MaxUnpool((2, 2))(pooled, where)
+  np.testing.assert_array_equal(ada_values, want_values)
+  np.testing.assert_array_equal(ada_indices, want_indices)
+  np.testing.assert_array_equal(select, reference.adaptive_max_pool(x, (2, 2))[0])
+  unpooled = _unpool_2x2(pooled, where)
   assert unpooled.dtype == x.dtype
   np.testing.assert_array_equal(
       unpooled, reference.max_unpool(np.asarray(pooled), np.asarray(where), (2, 2)))
@@ -996,8 +1011,9 @@ def test_bfloat16_global_mean_of_a_128_by_128_map_is_within_tolerance_of_float32
 def _x64_report() -> dict:
   """Under jax_enable_x64: float64 results against the mirror, and the int32 decision.
 
-  Each module runs under ``jax.jit`` (one compile each, not one per primitive, as the
-  eager float64 calls did); eager calls equal jitted ones (test_pool.py, test_adaptive.py).
+  The modules run under one ``nnx.jit`` (one compile for those on ``x``, not one per
+  primitive, as the eager float64 calls did); eager calls equal jitted ones (test_pool.py,
+  test_adaptive.py).
   """
   rng = np.random.default_rng(3)
   x = rng.standard_normal((2, 5, 7, 3))
@@ -1009,29 +1025,35 @@ def _x64_report() -> dict:
     err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
     results[name] = {"dtype": str(got.dtype), "max_abs": err, "exact": exact}
 
-  record("AvgPool", jax.jit(AvgPool((3, 3), 2, 1, count_include_pad=False))(x),
+  modules = {
+      "AvgPool": AvgPool((3, 3), 2, 1, count_include_pad=False), "MaxPool": MaxPool((2, 2)),
+      "MinPool": MinPool((3, 3), 1, "SAME"), "GlobalAvgPool": GlobalAvgPool(),
+      "GlobalMaxPool": GlobalMaxPool(), "AdaptiveAvgPool": AdaptiveAvgPool((3, 4)),
+      "AdaptiveMaxPool": AdaptiveMaxPool((3, 4)),
+      "SelectAdaptivePool": SelectAdaptivePool(1, pool_type="catavgmax", flatten=True),
+      "indices": MaxPool((2, 2), return_indices=True),
+      "gate": build(SqueezeExcitation, 3, 2, param_dtype=jnp.float64),
+  }
+  got = dict(zip(modules, _apply_each(list(modules.values()), x), strict=True))
+  (lp,) = _apply_each([LPPool(3, (2, 2))], pos)  # positive inputs: a p-norm of order 3
+  record("AvgPool", got["AvgPool"],
          reference.avg_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)), count_include_pad=False))
-  record("LPPool", jax.jit(LPPool(3, (2, 2)))(pos), reference.lp_pool(pos, 3, (2, 2)))
-  record("MaxPool", jax.jit(MaxPool((2, 2)))(x),
-         reference.max_pool(x, (2, 2), (2, 2), "VALID")[0], True)
-  record("MinPool", jax.jit(MinPool((3, 3), 1, "SAME"))(x),
-         reference.min_pool(x, (3, 3), (1, 1), "SAME")[0], True)
-  record("GlobalAvgPool", jax.jit(GlobalAvgPool())(x), reference.global_avg_pool(x))
-  record("GlobalMaxPool", jax.jit(GlobalMaxPool())(x), reference.global_max_pool(x), True)
-  record("AdaptiveAvgPool", jax.jit(AdaptiveAvgPool((3, 4)))(x),
-         reference.adaptive_avg_pool(x, (3, 4)))
-  record("AdaptiveMaxPool", jax.jit(AdaptiveMaxPool((3, 4)))(x),
-         reference.adaptive_max_pool(x, (3, 4))[0], True)
-  record("SelectAdaptivePool",
-         jax.jit(SelectAdaptivePool(1, pool_type="catavgmax", flatten=True))(x),
+  record("LPPool", lp, reference.lp_pool(pos, 3, (2, 2)))
+  record("MaxPool", got["MaxPool"], reference.max_pool(x, (2, 2), (2, 2), "VALID")[0], True)
+  record("MinPool", got["MinPool"], reference.min_pool(x, (3, 3), (1, 1), "SAME")[0], True)
+  record("GlobalAvgPool", got["GlobalAvgPool"], reference.global_avg_pool(x))
+  record("GlobalMaxPool", got["GlobalMaxPool"], reference.global_max_pool(x), True)
+  record("AdaptiveAvgPool", got["AdaptiveAvgPool"], reference.adaptive_avg_pool(x, (3, 4)))
+  record("AdaptiveMaxPool", got["AdaptiveMaxPool"], reference.adaptive_max_pool(x, (3, 4))[0],
+         True)
+  record("SelectAdaptivePool", got["SelectAdaptivePool"],
          np.concatenate([reference.global_avg_pool(x), reference.global_max_pool(x)], -1))
-  pooled, where = jax.jit(MaxPool((2, 2), return_indices=True))(x)
+  pooled, where = got["indices"]
   record("MaxUnpool", jax.jit(lambda v, i: MaxUnpool((2, 2))(v, i, (5, 7)))(pooled, where),
          reference.max_unpool(np.asarray(pooled), np.asarray(where), (2, 2), output_size=(5, 7)),
          True)
   results["indices_dtype"] = str(where.dtype)
-  se = build(SqueezeExcitation, 3, 2, param_dtype=jnp.float64)
-  results["gate_dtype"] = str(_jitted(se, x).dtype)
+  results["gate_dtype"] = str(got["gate"].dtype)
   big = jax.ShapeDtypeStruct((1, 2**16, 2**16, 1), jnp.float64)
   try:
     _, idx = jax.eval_shape(MaxPool((2, 2), 2**15, return_indices=True), big)
