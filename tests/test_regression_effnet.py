@@ -1,13 +1,16 @@
 """The guard on an EfficientNet-style model that passes ``training`` per call (issue 29).
 
 The model is ``tests/_effnet.py`` (MBConv blocks with a hand-written squeeze-excitation,
-BatchNorm, Dropout), at width 0.25 and one block per stage, with NumPy-initialised weights
-(Flax's initialisers compile once per shape: 8 to 25 s of CPU). Its random-init eval-mode
-logits are of order 1e-8, smaller than the fixed ``atol`` of 1e-5 the kit used to apply.
+BatchNorm, Dropout), its first three blocks at width 0.25 with the kernels after the first
+at a tenth of LeCun's variance (10,920 parameters: each layer of a gradient's compile costs
+CPU), with NumPy-initialised weights (Flax's initialisers compile once per shape). Its
+random-init eval-mode logits are of order 1e-7, as those of the 7-block and the full-size
+model are of order 1e-8, smaller than the fixed ``atol`` of 1e-5 the kit used to apply; the
+full-size model is the integration test at the end.
 
 Expected results come from outside the kit: the changes are made by hand (the classifier's
-kernel times 1.05, the SE's activation, the head's pool, the SE's mean taken in two
-steps), their size is measured here with NumPy on the model's own outputs, and "the old
+kernel times 1.05, the SE's activation, the head's pool, the SE's gate spelled another
+way), their size is measured here with NumPy on the model's own outputs, and "the old
 rule passes it" is ``np.allclose`` with the old fixed numbers (1e-5 forward, 4e-5
 gradient). Most checks run under jit only (``eager=False``), one eager baseline names the
 first layer that moved.
@@ -32,7 +35,10 @@ _EFFNET = runpy.run_path(str(Path(__file__).parent / "_effnet.py"))
 SqueezeExcite, effnet_cheaply, images = (
     _EFFNET["SqueezeExcite"], _EFFNET["effnet_cheaply"], _EFFNET["images"])
 
-X = images(2, 64)  # 64 -> 2x2 maps before the head's pool (32 would give 1x1: mean = max)
+# The short model of the guard's tests: 3 blocks, the kernels after the first at a tenth of
+# LeCun's variance (tests/_effnet.py). Compile time grows with the layers, not the images.
+SHORT = {"width": 0.25, "depth": 1, "stages": 3, "tail_gain": 0.1}
+X = images(2, 32)  # 32 -> stem 16 -> strides 1, 2, 2 -> 4x4 maps before the head's pool
 LABELS = jnp.array([3, 7])
 EPS = float(np.finfo(np.float32).eps)
 # The fixed tolerances the kit applied before issue 29 (float32 gate forward and gradient).
@@ -50,12 +56,12 @@ def _copy(model):
 
 @functools.cache
 def _prototype():
-  return effnet_cheaply(width=0.25, depth=1)
+  return effnet_cheaply(**SHORT)
 
 
 def _model():
-  """A fresh copy of the one width-0.25 model (building it traces Flax's constructors and fills
-  it from NumPy, 0.2 to 1 s of CPU; a copy takes milliseconds): tests change their copy."""
+  """A fresh copy of the one short model (building it traces Flax's constructors and fills it
+  from NumPy; a copy takes milliseconds): tests change their copy."""
   return _copy(_prototype())
 
 
@@ -95,7 +101,8 @@ def test_the_logits_tolerance_follows_their_scale_and_catches_a_5_percent_change
   base = _stored(recorded, "logits")
   logits = base.arrays["output"]
   scale = float(np.abs(logits).max())
-  assert 1e-9 < scale < 1e-6  # random-init eval-mode logits: far below the old atol of 1e-5
+  # Random-init eval-mode logits (measured 1.0e-7): far below the old atol of 1e-5.
+  assert 1e-9 < scale < 1e-6
   tol = base.manifest["results"]["output"]
   # The rule, computed here: atol = min(1e-5, 1024 eps max|logits|), rtol stays 1e-5.
   assert tol["scale"] == pytest.approx(scale)
@@ -107,7 +114,9 @@ def test_the_logits_tolerance_follows_their_scale_and_catches_a_5_percent_change
   (row,) = failure.outcome.report.rows
   assert row.status == "FAIL" and row.max_rel == pytest.approx(0.05, rel=1e-3)
   new = _obtained(recorded, "logits")["output"]
-  np.testing.assert_allclose(new, 1.05 * logits, rtol=1e-5)  # the logits moved by 5% ...
+  # The logits moved by 5% (up to float32 rounding, of the order of eps * max|logits| on the
+  # smallest of them: measured 1.5) ...
+  np.testing.assert_allclose(new, 1.05 * logits, rtol=1e-5, atol=16 * EPS * scale)
   assert np.allclose(new, logits, rtol=OLD_FORWARD, atol=OLD_FORWARD)  # ... the old rule passed
 
 
@@ -126,29 +135,37 @@ def test_a_5_percent_change_of_the_gradients_is_caught_by_default(recorded):
   # compared at that module's scale, and may hide a 5% change).
   moved = {k for k in grads if np.abs(new[k] - base[k]).max() > 0.04 * np.abs(base[k]).max() > 0}
   old = {k for k in grads if not np.allclose(new[k], base[k], rtol=OLD_GRADIENT, atol=OLD_GRADIENT)}
-  assert len(moved) > 80 and len(moved & failing) >= 0.75 * len(moved)
-  assert len(old) < len(moved) / 4, (len(old), len(moved))
+  assert set(grads) - moved == {"grad/classifier/bias", "grad/classifier/kernel"}  # 42 of 44
+  assert len(moved & failing) >= 0.75 * len(moved)  # measured: 36 of 42
+  assert len(old) < len(moved) / 4, (len(old), len(moved))  # measured: 3 of 42
 
 
 def test_a_float_rounding_only_change_passes_logits_and_gradients(recorded, monkeypatch):
-  # The SE's mean over the map taken in another order: the same numbers in exact arithmetic,
-  # another float32 summation order. Which order XLA already uses depends on the release
-  # (rows then columns moved the logits by 3.9 eps * max|logits| on jax 0.10.2 and not at
-  # all on jax 0.7.0), so the first of these spellings that moves them is the change.
-  def reordered(mean):
+  # The SE written another way: the same numbers in exact arithmetic, another float32
+  # rounding. Which spelling moves the logits depends on the model and the release: on
+  # jax 0.10.2 the sigmoid spelled 0.5 (1 + tanh(z / 2)) moved these by 2.5 eps * max|logits|,
+  # while the SE's mean taken rows then columns moved none (its gates stay 0.5 within
+  # float32's resolution; on the 7-block model it moved them by 3.9 eps, and not at all on
+  # jax 0.7.0). So the first of these spellings that moves them is the change.
+  def respelled(mean, gate=jax.nn.sigmoid):
     def call(self, x):
-      s = jax.nn.sigmoid(self.conv_expand(self.act(self.conv_reduce(mean(x)))))
+      s = gate(self.conv_expand(self.act(self.conv_reduce(mean(x)))))
       return x * s[:, None, None, :]
     return call
 
-  orders = (lambda x: jnp.mean(jnp.mean(x, axis=1), axis=1),
-            lambda x: jnp.mean(jnp.mean(x, axis=2), axis=1),
-            lambda x: (jnp.sum(x[:, ::2], axis=(1, 2)) + jnp.sum(x[:, 1::2], axis=(1, 2)))
-            / (x.shape[1] * x.shape[2]))
+  def tanh(z):
+    return 0.5 * (1 + jnp.tanh(z / 2))
+
+  spellings = (respelled(lambda x: jnp.mean(x, axis=(1, 2)), tanh),
+               respelled(lambda x: jnp.mean(jnp.mean(x, axis=1), axis=1)),
+               respelled(lambda x: jnp.mean(jnp.mean(x, axis=2), axis=1)),
+               respelled(lambda x: (jnp.sum(x[:, ::2], axis=(1, 2))
+                                    + jnp.sum(x[:, 1::2], axis=(1, 2)))
+                         / (x.shape[1] * x.shape[2])))
   model = _model()
-  before = np.asarray(jax.jit(lambda x: model(x))(X))
-  for mean in orders:
-    monkeypatch.setattr(SqueezeExcite, "__call__", reordered(mean))
+  before = _stored(recorded, "logits").arrays["output"]  # the unchanged model's, under jit
+  for call in spellings:
+    monkeypatch.setattr(SqueezeExcite, "__call__", call)
     after = np.asarray(jax.jit(lambda x: model(x))(X))
     if not np.array_equal(after, before):
       break
@@ -180,7 +197,8 @@ def test_an_se_activation_silu_to_relu_is_caught_and_blamed_on_the_se_block(reco
   # ... and on the gradients, which the old rule passed too.
   failure = _failure(lambda: Guard(recorded).check_grad(
       "grads", cross_entropy, _relu_se(_model()), X, LABELS, training=False, eager=False))
-  assert failure.outcome.report.counts()["FAIL"] > 50
+  counts = failure.outcome.report.counts()
+  assert counts["FAIL"] > counts["PASS"]  # most rows (measured: 27 of the 45)
   base, new = _stored(recorded, "grads").arrays, _obtained(recorded, "grads")
   assert all(np.allclose(new[k], base[k], rtol=OLD_GRADIENT, atol=OLD_GRADIENT)
              for k in base if k.startswith("grad/"))
@@ -219,7 +237,7 @@ def _with_library_se(model, seed=5):
   """Each block's hand-written SE replaced by nnx_pool.SqueezeExcitation (keys fc1/fc2)
   holding the same weights: the same computation under new names. Built from shapes
   (``nnx.eval_shape``): its own initialisation, overwritten here, would compile Flax's
-  initialisers once per shape (34 compiles, 3 s of CPU)."""
+  initialisers once per shape (15 compiles, 1.3 s of CPU for these three blocks)."""
   for block in model.blocks:
     se = block.se
     new = nnx.eval_shape(lambda se=se: SqueezeExcitation(
@@ -241,7 +259,7 @@ def _se_leaves(model):
 def test_a_renamed_se_with_the_same_weights_passes_with_one_line(recorded):
   model = _model()
   renamed = _se_leaves(model)
-  assert renamed == 7 * 4  # seven blocks, a kernel and a bias in each of two maps
+  assert renamed == 3 * 4  # three blocks, a kernel and a bias in each of two maps
   with pytest.warns(RegressionNote) as notes:
     outcome = Guard(recorded).check("logits", _with_library_se(model), X, training=False,
                                     eager=False)
@@ -257,16 +275,16 @@ def test_a_renamed_se_with_the_same_weights_passes_with_one_line(recorded):
 def test_stored_weights_load_into_a_renamed_model_through_rename(recorded):
   # A freshly initialised refactored model (another seed): only the stored weights make its
   # numbers the baseline's.
-  model = _with_library_se(effnet_cheaply(width=0.25, depth=1, seed=3))
+  model = _with_library_se(effnet_cheaply(**SHORT, seed=3))
   guard = Guard(recorded)
   failure = _failure(lambda: guard.check("stored", model, X, training=False,
                                          store_params=True, eager=False))
   assert failure.outcome.status == "refused"
-  assert ("the model has 'blocks.0.se.fc1.bias', which they lack (28 missing, 28 extra) (they "
+  assert ("the model has 'blocks.0.se.fc1.bias', which they lack (12 missing, 12 extra) (they "
           "hold 'blocks.0.se.conv_reduce.bias'); if the variables were only renamed, pass "
           "rename={old path part: new}, e.g. rename={'se.conv_reduce': 'se.fc1'}") in str(failure)
   rename = {"se.conv_reduce": "se.fc1", "se.conv_expand": "se.fc2"}
-  with pytest.warns(RegressionNote, match="28 leaves renamed under blocks.*se"):
+  with pytest.warns(RegressionNote, match="12 leaves renamed under blocks.*se"):
     outcome = guard.check("stored", model, X, training=False, store_params=True, eager=False,
                           rename=rename)
   assert outcome.status == "passed"
@@ -284,9 +302,9 @@ def test_the_mode_is_the_one_each_layer_ran_in(recorded, tmp_path):
   model = _model()
   bns = _layers(model, nnx.BatchNorm)
   # A block's Dropout runs only where the block has a residual (stride 1, as many channels
-  # out as in): at width 0.25 only in blocks.0; the others never run and are not listed.
+  # out as in): here only in blocks.0; the others never run and are not listed.
   drops = ["head_drop"] + [f"blocks.{i}.drop" for i, b in enumerate(model.blocks) if b.residual]
-  assert (len(bns), len(_layers(model, nnx.Dropout)), len(drops)) == (22, 8, 2)
+  assert (len(bns), len(_layers(model, nnx.Dropout)), len(drops)) == (10, 4, 2)
   used = _stored(recorded, "logits").manifest["model"]["modes_used"]
   assert used == {**{p: {"use_running_average": True} for p in bns},
                   **{p: {"deterministic": True} for p in drops}}
@@ -307,8 +325,8 @@ def test_a_changed_call_keyword_is_said_first(recorded):
                                                    eager=False))
   assert failure.outcome.report.headline[:3] == [
       "call keyword `training`: False -> True",
-      "use_running_average True -> False (the model is in train mode) in 22 layers: "
-      "`blocks.0.bn1`, `blocks.0.bn2`, `blocks.1.bn0` and 19 more",
+      "use_running_average True -> False (the model is in train mode) in 10 layers: "
+      "`blocks.0.bn1`, `blocks.0.bn2`, `blocks.1.bn0` and 7 more",
       "`blocks.0.drop`: deterministic True -> False (dropout is active: the model is in train "
       "mode)",
   ]

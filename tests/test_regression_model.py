@@ -1,6 +1,6 @@
 """The regression kit on a real model: a bottleneck ResNet with BatchNorm (tests/_resnet.py).
 
-The logic runs on the narrow ResNet (width 4, the same code) through
+The logic runs on the narrow ResNet (width 4 and two stages, the same code) through
 :class:`nnx_pool.regression.guard.Guard`, the fixture without pytest; one test runs the
 8 M-parameter one, for the baseline sizes. Expected values come from Flax itself
 (``nnx.grad``, ``nnx.state``), from NumPy on the two models' weights, or by hand (the
@@ -29,19 +29,25 @@ from nnx_pool.regression.guard import Guard, RegressionFailure
 _RESNET = runpy.run_path(str(Path(__file__).parent / "_resnet.py"))
 ResNet, cross_entropy, images = _RESNET["ResNet"], _RESNET["cross_entropy"], _RESNET["images"]
 parameter_count, resnet_cheaply = _RESNET["parameter_count"], _RESNET["resnet_cheaply"]
+# Modules filled from NumPy (kernels LeCun-scaled at gain 1, biases 0): Flax's initialisers
+# compile once per shape, and these tests need the layers, not their initialisation.
+numpy_initialised = _RESNET["numpy_initialised"]
 
-WIDTH = 4
+# The narrow ResNet of the logic tests: width 4 and its first two stages (2,926 parameters;
+# compile time grows with the layers, and two stages hold every kind: the stem's pool, a
+# strided bottleneck with a projected shortcut).
+WIDTH, BLOCKS = 4, (1, 1)
 X = images(2, 32)  # stem: 32 -> conv stride 2 -> 16 -> MaxPool(3, 2, 1) -> 8
 LABELS = jnp.array([3, 7])
 
 
 @functools.cache
 def _built(seed: int, num_classes: int) -> ResNet:
-  return resnet_cheaply(width=WIDTH, seed=seed, num_classes=num_classes)
+  return resnet_cheaply(width=WIDTH, seed=seed, num_classes=num_classes, blocks=BLOCKS)
 
 
 def _model(seed: int = 0, num_classes: int = 10) -> ResNet:
-  """A fresh copy of one narrow ResNet per seed and head (built once, 0.1 to 0.4 s each; a
+  """A fresh copy of one narrow ResNet per seed and head (built once, 0.05 to 0.25 s each; a
   copy takes milliseconds): tests change their copy."""
   return nnx.merge(*nnx.split(_built(seed, num_classes)), copy=True)
 
@@ -56,7 +62,8 @@ def recorded(tmp_path_factory):
   assert guard.check("logits", model, X, store_params=True).status == "written"
   assert guard.check("stem", model.stem, X).status == "written"
   # Jit only: the eager gradient compiles every operation of the backward pass one by one
-  # (about 25 s of CPU here); the eager path of check_grad is tested on _Small below.
+  # (about 6 s of CPU even on these two stages); the eager path of check_grad is tested on
+  # _Small below.
   assert guard.check_grad("grads", cross_entropy, model, X, LABELS,
                           eager=False).status == "written"
   return root
@@ -164,6 +171,10 @@ class _Dropped(nnx.Module):
     return self.drop(self.fc(x))
 
 
+def _dropped() -> _Dropped:
+  return numpy_initialised(lambda: _Dropped(nnx.Rngs(0)), 0, gain=1.0)
+
+
 class _Gradient(nnx.Module):
   """A user module whose __call__ returns nnx.grad of a loss (the issue's first wall)."""
 
@@ -175,7 +186,7 @@ class _Gradient(nnx.Module):
 
 
 def test_dropout_in_eval_mode_and_nnx_grad_inside_call_work_under_the_fixture(tmp_path):
-  model = _Dropped(nnx.Rngs(0))
+  model = _dropped()
   model.eval()
   x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
   guard = Guard(tmp_path)
@@ -197,7 +208,7 @@ def test_dropout_in_eval_mode_and_nnx_grad_inside_call_work_under_the_fixture(tm
 
 def test_check_grad_refuses_what_it_cannot_differentiate(tmp_path):
   guard = Guard(tmp_path)
-  model = _Dropped(nnx.Rngs(0))
+  model = _dropped()
   x = jnp.ones((2, 3))
   with pytest.raises(ValueError, match=r"`loss_fn` must return a floating scalar; got "
                                        r"float32\[2, 4\]\. Reduce it"):
@@ -312,12 +323,12 @@ def test_a_changed_pooling_padding_is_localised_to_that_layer(baselines):
 
 def test_a_value_change_deep_in_the_model_is_localised_to_its_first_layer(baselines):
   model = _model()
-  kernel = model.layer3.block0.conv2.kernel
+  kernel = model.layer2.block0.conv2.kernel
   kernel[...] = kernel[...] * 1.01
   report = _failure(lambda: Guard(baselines).check("logits", model, X)).outcome.report
   assert report.headline[0].startswith(
       "the initialisation changed: 1 of ")  # the weights say it first ...
-  assert report.headline[1].startswith("first moved at `layer3.block0.conv2` (Conv): ")
+  assert report.headline[1].startswith("first moved at `layer2.block0.conv2` (Conv): ")
 
 
 def test_capture_restores_every_class_and_skips_transformed_calls():
@@ -354,7 +365,7 @@ def test_a_changed_state_schema_is_said_before_any_number(baselines):
   report = _failure(lambda: Guard(baselines).check("logits", model, X)).outcome.report
   assert report.headline[:2] == [
       "`fc.bias`: Param float32[10] -> Param float32[11]",
-      "`fc.kernel`: Param float32[128, 10] -> Param float32[128, 11]",
+      "`fc.kernel`: Param float32[32, 10] -> Param float32[32, 11]",
   ]
   assert [row.details for row in report.rows] == [["shape (2, 11) != baseline (2, 10)"]]
 
@@ -422,7 +433,7 @@ def test_check_of_a_fixture_baseline_points_to_report(baselines, capsys):
 
 def test_a_format_2_baseline_of_nnx_pool_0_1_0_still_loads(tmp_path):
   # What 0.1.0's fixture wrote: output and output_eager, the full weights, no model section.
-  model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+  model = numpy_initialised(lambda: nnx.Linear(3, 2, rngs=nnx.Rngs(0)), 0, gain=1.0)
   x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
   y = np.asarray(model(jnp.asarray(x)))
   kernel, bias = np.asarray(model.kernel[...]), np.asarray(model.bias[...])
@@ -440,7 +451,7 @@ def test_a_format_2_baseline_of_nnx_pool_0_1_0_still_loads(tmp_path):
   manifest["manifest_sha256"] = store._checksum(manifest)
   (out / "manifest.json").write_text(json.dumps(manifest))
   assert Guard(tmp_path).check("lin", model, x).status == "passed"
-  other = nnx.Linear(3, 2, rngs=nnx.Rngs(1))
+  other = numpy_initialised(lambda: nnx.Linear(3, 2, rngs=nnx.Rngs(0)), 1, gain=1.0)
   report = _failure(lambda: Guard(tmp_path).check("lin", other, x)).outcome.report
   assert report.headline[0].startswith("baseline of format version 2 (nnx-pool 0.1.0)")
   assert report.headline[1].startswith("the initialisation changed: 1 of 2 parameter leaves "
