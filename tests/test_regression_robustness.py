@@ -215,9 +215,11 @@ def test_regression_concurrent_records_one_wins_the_others_refuse(tmp_path):
 
 
 def test_regression_concurrent_forced_writes_leave_one_whole_baseline(baseline, tmp_path):
-  tags = ["a", "b", "c", "d"]
+  # Three writers: while one holds the lock, two wait for it and contend when it is released.
+  # (Each is an interpreter importing the store, 0.6 s of CPU; a fourth proved nothing more.)
+  tags = ["a", "b", "c"]
   results = _run_together(_FORCED_WRITER, baseline, tags)
-  assert [code for code, _, _ in results] == [0, 0, 0, 0], results
+  assert [code for code, _, _ in results] == [0, 0, 0], results
   # One writer's baseline, complete and consistent (digests and checksum verified).
   final = read_baseline(baseline)
   tag = final.manifest["kind"]
