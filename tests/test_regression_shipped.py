@@ -15,8 +15,8 @@ built from ``nnx.Linear`` or ``nnx.BatchNorm`` layers and the attention pools
 (:data:`LEFT_TO_MAKE_CHECK`) fall outside it: they are the costliest cases (1-3 s each:
 building those layers compiles Flax's initialisers, and the eager run compiles op by
 op), and tests/test_gates_timm.py and tests/test_attention.py check their values
-against timm 1.0.31's forward in the suite. ECA (a 1-D convolution of k weights) stays in. Every case, sampled or not,
-is still checked for what costs no compiling: the batch and the baseline hold the
+against timm 1.0.31's forward in the suite. ECA (a 1-D convolution of k weights) stays
+in. Every case, sampled or not, is still checked for what costs no compiling: the batch and the baseline hold the
 same cases with the same declarations (a NEW, GONE or STALE case fails here).
 """
 
