@@ -16,8 +16,9 @@ built from ``nnx.Linear`` or ``nnx.BatchNorm`` layers and the attention pools
 building those layers compiles Flax's initialisers, and the eager run compiles op by
 op), and tests/test_gates_timm.py and tests/test_attention.py check their values
 against timm 1.0.31's forward in the suite. ECA (a 1-D convolution of k weights) stays
-in. Every case, sampled or not, is still checked for what costs no compiling: the batch and the baseline hold the
-same cases with the same declarations (a NEW, GONE or STALE case fails here).
+in. Every case, sampled or not, is still checked for what costs no compiling: the batch
+and the baseline hold the same cases with the same declarations (a NEW, GONE or STALE
+case fails here).
 """
 
 import json
