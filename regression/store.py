@@ -50,7 +50,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from nnx_pool.regression import lock
@@ -92,10 +91,19 @@ class Baseline:
   arrays: dict[str, np.ndarray]
 
 
+def _ml_dtypes():
+  """ml_dtypes, imported on first use: it costs 0.5 s, and the pytest plugin imports this
+  module in every session of a project that installs nnx-pool (measured, ``-X importtime``)."""
+  import ml_dtypes
+
+  return ml_dtypes
+
+
 def dtype_by_name(name: str) -> np.dtype:
   """Looks up a dtype by name, including the ml_dtypes ones (``"bfloat16"``)."""
   if not isinstance(name, str):
     raise TypeError(f"`name` must be a dtype name; got {name!r}.")
+  ml_dtypes = _ml_dtypes()
   if hasattr(ml_dtypes, name):
     return np.dtype(getattr(ml_dtypes, name))
   try:
@@ -116,7 +124,7 @@ def digest(array: np.ndarray) -> str:
 def _stored_as(dtype: np.dtype, key: str) -> np.dtype:
   """What ``.npz`` holds ``dtype`` as: itself, or raw bits for float16 and the ml_dtypes."""
   # ml_dtypes first: float8_e5m2 and complex32 claim kinds "f" and "c", but .npy cannot name them.
-  if dtype.name == "float16" or getattr(ml_dtypes, dtype.name, None) is dtype.type:
+  if dtype.name == "float16" or getattr(_ml_dtypes(), dtype.name, None) is dtype.type:
     return np.dtype(f"uint{dtype.itemsize * 8}")
   if dtype.kind in "biufc":
     return dtype
