@@ -243,9 +243,10 @@ def _with_library_se(model, seed=5):
     new = nnx.eval_shape(lambda se=se: SqueezeExcitation(
         se.conv_reduce.in_features, se.conv_reduce.out_features, activation=nnx.silu,
         rngs=nnx.Rngs(seed)))
-    for mine, theirs in ((new.fc1, se.conv_reduce), (new.fc2, se.conv_expand)):
-      mine.kernel.set_value(theirs.kernel[...])
-      mine.bias.set_value(theirs.bias[...])
+    # nnx.update, not Variable.set_value: flax 0.11.2 (the floor) cannot set an abstract one.
+    nnx.update(new, nnx.State({
+        mine: {"kernel": theirs.kernel[...], "bias": theirs.bias[...]}
+        for mine, theirs in (("fc1", se.conv_reduce), ("fc2", se.conv_expand))}))
     assert all(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(nnx.state(new)))
     block.se = new
   return model
