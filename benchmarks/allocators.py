@@ -17,6 +17,11 @@ rotating rounds, and prints the medians and the process's minor page faults per 
 * ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` together: the fixed
   threshold alone leaves glibc's 128 KiB trim threshold, so the top of the heap is
   returned to the kernel after each call and faulted in again by the next;
+* ``MALLOC_ARENA_MAX=1`` (alone, and with both thresholds): every thread allocates
+  from the main heap. XLA:CPU runs a program on its worker threads, and glibc gives
+  those their own arenas, whose extra 64 MiB heaps are unmapped as soon as they are
+  empty, whatever the trim threshold says: a result that does not fit the thread's
+  first heap is faulted in again on every call;
 * ``jemalloc`` and ``tcmalloc``: Debian's ``libjemalloc2`` and
   ``libtcmalloc-minimal4`` through ``LD_PRELOAD``, if installed; and jemalloc with
   its page decay off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``), which
@@ -50,7 +55,11 @@ def settings() -> dict[str, dict[str, str]]:
            "MALLOC_MMAP_THRESHOLD_=1GiB": {"MALLOC_MMAP_THRESHOLD_": str(GIB)},
            "MALLOC_TOP_PAD_=1GiB": {"MALLOC_TOP_PAD_": str(GIB)},
            "MMAP_THRESHOLD_+TRIM_THRESHOLD_=1GiB": {"MALLOC_MMAP_THRESHOLD_": str(GIB),
-                                                    "MALLOC_TRIM_THRESHOLD_": str(GIB)}}
+                                                    "MALLOC_TRIM_THRESHOLD_": str(GIB)},
+           "MALLOC_ARENA_MAX=1": {"MALLOC_ARENA_MAX": "1"},
+           "ARENA_MAX=1, both thresholds 1GiB": {"MALLOC_ARENA_MAX": "1",
+                                                 "MALLOC_MMAP_THRESHOLD_": str(GIB),
+                                                 "MALLOC_TRIM_THRESHOLD_": str(GIB)}}
   for name, path in LIBRARIES.items():
     if Path(path).exists():
       found[name] = {"LD_PRELOAD": path}

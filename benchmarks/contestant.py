@@ -96,7 +96,8 @@ def _jax(fn, x, calls: int, warmup: int, faults: bool = False) -> dict:
   return result
 
 
-def _torch(fn, x, backward: bool, calls: int, warmup: int, device: str) -> dict:
+def _torch(fn, x, backward: bool, calls: int, warmup: int, device: str,
+           faults: bool = False) -> dict:
   """Times a PyTorch ``fn`` of one tensor, and a one-element slice of it."""
   import torch
 
@@ -126,6 +127,8 @@ def _torch(fn, x, backward: bool, calls: int, warmup: int, device: str) -> dict:
     null()
   result = {"call_ms": _median_ms(_timed(step, calls)),
             "null_ms": _median_ms(_timed(null, calls))}
+  if faults:
+    result["faults_per_call"] = faults_per_call(step, calls)
   if backward:
     result["saved_bytes"] = saved_bytes(fn, leaf)
   return result
@@ -163,7 +166,7 @@ def measure(case_name: str, contestant: str, pass_name: str, *, quick: bool, cal
     import torch
 
     fn, (tensor,) = case.torch_inputs(torch, [x], torch_device)
-    result = _torch(fn, tensor, backward, calls, warmup, torch_device)
+    result = _torch(fn, tensor, backward, calls, warmup, torch_device, faults)
   else:
     import jax
     import jax.numpy as jnp

@@ -47,6 +47,31 @@ def test_benchmarks_unknown_filter_is_an_error():
     main(["-k", "no such case"])
 
 
+def test_allocator_settings_send_xla_threads_to_the_main_heap():
+  # glibc's tunables by their documented names (glibc 2.36 manual, "Memory Allocation
+  # Tunables"): one arena, and both thresholds past any buffer of a row.
+  from benchmarks.allocators import settings
+
+  found = settings()
+  assert found["MALLOC_ARENA_MAX=1"] == {"MALLOC_ARENA_MAX": "1"}
+  assert found["ARENA_MAX=1, both thresholds 1GiB"] == {
+      "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(2**30),
+      "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+
+
+def test_torch_contestant_counts_page_faults_when_asked():
+  # benchmarks.allocators --contestant torch read a count the torch contestant never made.
+  torch = pytest.importorskip("torch", reason="PyTorch is not installed (the parity extra)")
+  from benchmarks.contestant import _torch
+
+  x = torch.ones(64, 64)
+  counted = _torch(lambda t: t * 2, x, True, calls=3, warmup=1, device="cpu", faults=True)
+  plain = _torch(lambda t: t * 2, x, True, calls=3, warmup=1, device="cpu")
+  assert counted["faults_per_call"] >= 0 and "faults_per_call" not in plain
+  # t * 2 saves nothing; the loss's square saves its 64 x 64 float32 input.
+  assert counted["saved_bytes"] == plain["saved_bytes"] == 64 * 64 * 4
+
+
 def test_backward_formulations_equal_the_numpy_mirror():
   # Every candidate adjoint of benchmarks/formulations.py against the mirror's
   # max-pool gradient (PyTorch's rule: first max wins, nothing to padding).
