@@ -42,6 +42,17 @@ class Case:
     shape = self.tiny_shape or (1, *(min(s, 9) for s in spatial), min(c, 4))
     return dataclasses.replace(self, shape=shape)
 
+  def with_batch(self, batch: int) -> Case:
+    """The same case at another batch size (the device check's 64 and 256: at the rows'
+    own batch a GPU times its launches, not its kernels)."""
+    if batch < 1:
+      raise ValueError(f"batch must be at least 1, got {batch}")
+    if self.tiny_case is not None:
+      return dataclasses.replace(self, shape=(batch, *self.shape[1:]),
+                                 tiny_case=self.tiny_case.with_batch(batch))
+    return dataclasses.replace(self, shape=(batch, *self.shape[1:]),
+                               tiny_shape=(batch, *self.tiny().shape[1:]))
+
   def size(self) -> int:
     """Elements of the input."""
     return int(np.prod(self.shape))

@@ -13,7 +13,10 @@ Run on a machine with one GPU (``benchmarks/device_check.sh`` wraps it, with a
   differently on a GPU);
 * benchmarks: the rows of ``python -m benchmarks`` (ours, flax.nnx, PyTorch on
   the same device), once per implementation, as the table that sets the
-  per-backend defaults in ``nnx_pool._backend.IMPLEMENTATION_DEFAULTS``.
+  per-backend defaults in ``nnx_pool._backend.IMPLEMENTATION_DEFAULTS``; with
+  ``--batch 64 256``, once per implementation and batch size instead
+  (``benchmarks-taps-b64.json``, ...): at the rows' own batch (8 for most) a GPU
+  times its launches (0.08-0.26 ms for every row on 2026-12-04), not its kernels.
 
 ``--dry-run`` runs the same on CPU with tiny shapes and one round, which the test
 suite does, so the script cannot rot between the rare runs on a GPU.
@@ -138,7 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--dry-run", action="store_true",
                       help="CPU, tiny shapes, one round: the suite's check that this runs")
   parser.add_argument("--rounds", type=int, default=7, help="timed rounds per benchmark row")
+  parser.add_argument("--batch", type=int, nargs="+", default=None,
+                      help="benchmark rows at these batch sizes (default: each row's own)")
+  parser.add_argument("-k", default="", help="only benchmark rows whose name contains this")
   args = parser.parse_args(argv)
+  if args.batch is not None and min(args.batch) < 1:
+    parser.error(f"--batch takes sizes of at least 1, got {args.batch}")
   import torch  # the device image has it; the suite's dry run skips without it
 
   out = Path(args.out)
@@ -147,12 +155,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   report = {"environment": bench.environment(), "torch_device": device,
             "parity": parity(torch, device, (2, 10, 12, 8))}
   bench_args = ["--torch-device", device, "--rounds", "1" if args.dry_run else str(args.rounds),
-                "--warmup", "0" if args.dry_run else "3"] + (["--quick"] if args.dry_run else [])
+                "--warmup", "0" if args.dry_run else "3", "-k", args.k]
+  bench_args += ["--quick"] if args.dry_run else []
   report["benchmarks"] = {}
-  for implementation in nnx_pool._backend.IMPLEMENTATIONS:
-    path = out / f"benchmarks-{implementation}.json"
-    bench.main([*bench_args, "--implementation", implementation, "--json", str(path)])
-    report["benchmarks"][implementation] = path.name
+  for batch in args.batch or [None]:
+    for implementation in nnx_pool._backend.IMPLEMENTATIONS:
+      key = implementation if batch is None else f"{implementation}-b{batch}"
+      path = out / f"benchmarks-{key}.json"
+      batch_args = [] if batch is None else ["--batch", str(batch)]
+      bench.main([*bench_args, *batch_args, "--implementation", implementation,
+                  "--json", str(path)])
+      report["benchmarks"][key] = path.name
   (out / "device_check.json").write_text(json.dumps(report, indent=1) + "\n")
   failed = [f"{r['module']} ({r['implementation']})" for r in report["parity"] if not r["pass"]]
   print(f"parity: {len(report['parity']) - len(failed)} of {len(report['parity'])} pass"

@@ -235,12 +235,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
   parser.add_argument("--quick", action="store_true", help="tiny shapes, for the smoke test")
   parser.add_argument("--torch-device", default="cpu", help='where PyTorch runs (default "cpu")')
+  parser.add_argument("--batch", type=int, default=None,
+                      help="every row at this batch size (default: each row's own)")
   parser.add_argument("--implementation", choices=nnx_pool.IMPLEMENTATIONS, default=None,
                       help="our window kernels (default: this backend's, nnx_pool._backend)")
   args = parser.parse_args(argv)
   cases = [c for c in CASES if args.k in c.name]
   if not cases:
     parser.error(f"no case name contains {args.k!r}")
+  if args.batch is not None:
+    if args.batch < 1:
+      parser.error(f"--batch must be at least 1, got {args.batch}")
+    cases = [c.with_batch(args.batch) for c in cases]
   global TORCH_DEVICE
   TORCH_DEVICE = args.torch_device
   with nnx_pool.use_implementation(args.implementation or nnx_pool.current_implementation()):

@@ -47,6 +47,37 @@ def test_benchmarks_unknown_filter_is_an_error():
     main(["-k", "no such case"])
 
 
+def test_batch_option_times_every_row_at_that_batch(tmp_path):
+  out = tmp_path / "bench.json"
+  assert main(["--quick", "--rounds", "1", "--warmup", "0", "-k", "GlobalAvgPool",
+               "--batch", "3", "--json", str(out)]) == 0
+  (row,) = json.loads(out.read_text())["rows"]
+  # The quick GlobalAvgPool row is (1, 7, 7, 4) at its own batch; 3 images of it here.
+  assert (row["shape"], row["out_shape"]) == ([3, 7, 7, 4], [3, 4])
+  with pytest.raises(SystemExit):
+    main(["--batch", "0"])
+
+
+def test_device_check_runs_the_rows_once_per_batch_and_implementation(tmp_path, monkeypatch):
+  pytest.importorskip("torch", reason="the device check needs torch==2.13.0 (the parity extra)")
+  from benchmarks import device_check
+
+  calls = []
+  monkeypatch.setattr(device_check, "parity", lambda torch, device, shape: [])
+  monkeypatch.setattr(device_check.bench, "main", lambda argv: calls.append(argv) or 0)
+  assert device_check.main(["--out", str(tmp_path), "--batch", "64", "256", "-k", "Max"]) == 0
+  report = json.loads((tmp_path / "device_check.json").read_text())
+  assert report["benchmarks"] == {
+      "taps-b64": "benchmarks-taps-b64.json", "xla-b64": "benchmarks-xla-b64.json",
+      "taps-b256": "benchmarks-taps-b256.json", "xla-b256": "benchmarks-xla-b256.json"}
+  asked = [(argv[argv.index("--batch") + 1], argv[argv.index("--implementation") + 1],
+            argv[argv.index("-k") + 1]) for argv in calls]
+  assert asked == [("64", "taps", "Max"), ("64", "xla", "Max"), ("256", "taps", "Max"),
+                   ("256", "xla", "Max")]
+  with pytest.raises(SystemExit):
+    device_check.main(["--out", str(tmp_path), "--batch", "0"])
+
+
 def test_allocator_settings_send_xla_threads_to_the_main_heap():
   # glibc's tunables by their documented names (glibc 2.36 manual, "Memory Allocation
   # Tunables"): one arena, and both thresholds past any buffer of a row.
