@@ -141,12 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--dry-run", action="store_true",
                       help="CPU, tiny shapes, one round: the suite's check that this runs")
   parser.add_argument("--rounds", type=int, default=7, help="timed rounds per benchmark row")
-  parser.add_argument("--batch", type=int, nargs="+", default=None,
+  parser.add_argument("--batch", type=bench.positive, nargs="+", default=None,
                       help="benchmark rows at these batch sizes (default: each row's own)")
   parser.add_argument("-k", default="", help="only benchmark rows whose name contains this")
   args = parser.parse_args(argv)
-  if args.batch is not None and min(args.batch) < 1:
-    parser.error(f"--batch takes sizes of at least 1, got {args.batch}")
   import torch  # the device image has it; the suite's dry run skips without it
 
   out = Path(args.out)

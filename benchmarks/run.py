@@ -227,6 +227,17 @@ def format_table(rows: list[dict], env: dict, bandwidth: float) -> str:
   return "\n".join(lines)
 
 
+def positive(text: str) -> int:
+  """An argparse type: a whole number of at least 1 (a batch size)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+  return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
   parser.add_argument("--json", default=None, help="write the report here as JSON")
@@ -235,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
   parser.add_argument("--quick", action="store_true", help="tiny shapes, for the smoke test")
   parser.add_argument("--torch-device", default="cpu", help='where PyTorch runs (default "cpu")')
-  parser.add_argument("--batch", type=int, default=None,
+  parser.add_argument("--batch", type=positive, default=None,
                       help="every row at this batch size (default: each row's own)")
   parser.add_argument("--implementation", choices=nnx_pool.IMPLEMENTATIONS, default=None,
                       help="our window kernels (default: this backend's, nnx_pool._backend)")
@@ -244,8 +255,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not cases:
     parser.error(f"no case name contains {args.k!r}")
   if args.batch is not None:
-    if args.batch < 1:
-      parser.error(f"--batch must be at least 1, got {args.batch}")
     cases = [c.with_batch(args.batch) for c in cases]
   global TORCH_DEVICE
   TORCH_DEVICE = args.torch_device
