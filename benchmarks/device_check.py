@@ -37,6 +37,7 @@ from flax import nnx
 
 import nnx_pool
 from benchmarks import run as bench
+from nnx_pool.regression.cli import _positive_int as positive_int
 
 EXACT, CLOSE = 0.0, 1e-5
 
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--dry-run", action="store_true",
                       help="CPU, tiny shapes, one round: the suite's check that this runs")
   parser.add_argument("--rounds", type=int, default=7, help="timed rounds per benchmark row")
-  parser.add_argument("--batch", type=bench.positive, nargs="+", default=None,
+  parser.add_argument("--batch", type=positive_int, nargs="+", default=None,
                       help="benchmark rows at these batch sizes (default: each row's own)")
   parser.add_argument("-k", default="", help="only benchmark rows whose name contains this")
   args = parser.parse_args(argv)

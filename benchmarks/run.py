@@ -38,6 +38,7 @@ import numpy as np
 
 import nnx_pool
 from benchmarks.cases import CASES, Case
+from nnx_pool.regression.cli import _positive_int as positive_int
 
 try:
   import torch
@@ -227,17 +228,6 @@ def format_table(rows: list[dict], env: dict, bandwidth: float) -> str:
   return "\n".join(lines)
 
 
-def positive(text: str) -> int:
-  """An argparse type: a whole number of at least 1 (a batch size)."""
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-  return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
   parser.add_argument("--json", default=None, help="write the report here as JSON")
@@ -246,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
   parser.add_argument("--quick", action="store_true", help="tiny shapes, for the smoke test")
   parser.add_argument("--torch-device", default="cpu", help='where PyTorch runs (default "cpu")')
-  parser.add_argument("--batch", type=positive, default=None,
+  parser.add_argument("--batch", type=positive_int, default=None,
                       help="every row at this batch size (default: each row's own)")
   parser.add_argument("--implementation", choices=nnx_pool.IMPLEMENTATIONS, default=None,
                       help="our window kernels (default: this backend's, nnx_pool._backend)")
