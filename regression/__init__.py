@@ -17,6 +17,6 @@ A baseline is a directory with ``manifest.json`` and the ``arrays-<digest>.npz``
 (:mod:`nnx_pool.regression.tolerance`, :mod:`nnx_pool.regression.compare`).
 """
 
-from nnx_pool.regression.store import FORMAT_VERSION as FORMAT_VERSION
+from .constants import FORMAT_VERSION as FORMAT_VERSION
 
 __all__ = ["FORMAT_VERSION"]

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import re
 
+# The baseline format version this nnx-pool writes (and the newest it reads); here, not in
+# store/, so that `nnx_pool.regression.FORMAT_VERSION` loads without NumPy.
+FORMAT_VERSION = 3
+
 # The one mesh axis of a sharded check (`check --devices N`): the batch axis of the inputs.
 BATCH_AXIS = "batch"
 

@@ -5,7 +5,7 @@
 environment (:data:`ENV_DIR`) and a file whose modification time is its last use
 (:func:`mark_used`). :func:`prune` keeps the :data:`KEEP_DEFAULT` most recently used of
 them (:data:`KEEP_ENV` changes it); :func:`clear_cache` empties it. A run holds its
-entry's lock (:func:`take`, :mod:`nnx_pool.regression.lock`) from before the build to the
+entry's lock (:func:`take`, :mod:`nnx_pool.regression.store.lock`) from before the build to the
 end of the run, so a second rehearsal of the same set waits and then reuses it, and no
 clean-up removes an environment in use.
 
@@ -32,8 +32,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nnx_pool.regression import lock, store
+from nnx_pool.regression import store
 from nnx_pool.regression.rehearse_plan import RehearsalError
+from nnx_pool.regression.store import lock
 
 MANIFEST = "manifest.json"  # a cache entry's manifest, written last (write_manifest)
 MANIFEST_FORMAT = "nnx-pool-rehearsal"

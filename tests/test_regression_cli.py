@@ -448,13 +448,13 @@ def test_cli_json_naming_a_directory_exits_2_before_running(capsys, tmp_path):
 def test_cli_json_that_fails_to_write_exits_2_with_one_line(capsys, tmp_path, monkeypatch):
   out = tmp_path / "i.json"
   out.write_text("the earlier report\n")
-  real_write_file = store._write_file
+  real_write_file = store.write._write_file
 
   def full_disk(path, data):
     real_write_file(path, data[:10])  # a partial temporary file, then the disk is full
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(store, "_write_file", full_disk)
+  monkeypatch.setattr(store.write, "_write_file", full_disk)
   assert _main(["info", "--json", str(out)]) == 2
   captured = capsys.readouterr()
   assert "versions:" in captured.out  # the report was printed; only the file failed

@@ -216,7 +216,7 @@ def test_html_write_is_atomic_and_a_failed_write_keeps_the_old_page(checked, cas
   def full_disk(path, data):
     raise OSError(errno.ENOSPC, "No space left on device")
 
-  monkeypatch.setattr(store, "_write_file", full_disk)
+  monkeypatch.setattr(store.write, "_write_file", full_disk)
   shutil.copytree(checked["dir"] / "baseline", tmp_path / "b")
   code = cli.main(["check", "--baseline", str(tmp_path / "b"), "-k", "max_k2_one",
                    "--html", str(page)], batch=lambda: Batch(cases=cases))

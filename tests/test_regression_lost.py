@@ -217,7 +217,7 @@ def _reseal(path: Path, **changes) -> None:
       manifest.pop(key, None)
     else:
       manifest[key] = value
-  manifest["manifest_sha256"] = store._checksum(manifest)
+  manifest["manifest_sha256"] = store.format._checksum(manifest)
   (path / "manifest.json").write_text(json.dumps(manifest))
 
 

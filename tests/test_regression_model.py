@@ -448,7 +448,7 @@ def test_a_format_2_baseline_of_nnx_pool_0_1_0_still_loads(tmp_path):
        "output_eager": y})
   manifest = json.loads((out / "manifest.json").read_text())
   manifest["format_version"] = 2
-  manifest["manifest_sha256"] = store._checksum(manifest)
+  manifest["manifest_sha256"] = store.format._checksum(manifest)
   (out / "manifest.json").write_text(json.dumps(manifest))
   assert Guard(tmp_path).check("lin", model, x).status == "passed"
   other = numpy_initialised(lambda: nnx.Linear(3, 2, rngs=nnx.Rngs(0)), 1, gain=1.0)

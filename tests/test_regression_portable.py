@@ -1,4 +1,4 @@
-"""The kit where ``fcntl`` does not exist (Windows), and its one lock (``regression/lock.py``).
+"""The kit where ``fcntl`` does not exist (Windows), and its one lock (``store/lock.py``).
 
 CI has no Windows, so Windows is simulated: a ``sitecustomize`` blocks ``fcntl``
 (``sys.modules["fcntl"] = None``, so ``import fcntl`` raises ImportError as it does there)
@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 import nnx_pool.regression
-from nnx_pool.regression import lock, store
+from nnx_pool.regression import store
+from nnx_pool.regression.store import lock
 
 REPO = Path(nnx_pool.regression.__file__).resolve().parents[1]
 
@@ -146,7 +147,7 @@ def test_portable_no_installed_module_imports_posix_only_modules_at_import_time(
   # `import nnx_pool` and in every pytest session of the user's.
   platform_only = {"fcntl", "termios", "pwd", "grp", "resource", "msvcrt", "winreg"}
   found = []
-  for path in sorted([*(REPO / "nnx_pool").rglob("*.py"), *(REPO / "regression").glob("*.py")]):
+  for path in sorted([*(REPO / "nnx_pool").rglob("*.py"), *(REPO / "regression").rglob("*.py")]):
     tree = ast.parse(path.read_text(), str(path))
     for node in _module_level(tree.body):
       names = ([a.name for a in node.names] if isinstance(node, ast.Import)
@@ -263,9 +264,9 @@ def windows_os(monkeypatch, windows_locking):
       raise PermissionError(errno.EACCES, "Permission denied", str(path))
     return real_open(path, flags, mode)
 
-  monkeypatch.setattr(store, "_DIR_FD", False)
-  monkeypatch.setattr(store, "_NONBLOCK", 0)
-  monkeypatch.setattr(store.os, "open", open_)
+  monkeypatch.setattr(store.read, "_DIR_FD", False)
+  monkeypatch.setattr(store.read, "_NONBLOCK", 0)
+  monkeypatch.setattr(store.read.os, "open", open_)
 
 
 def test_store_writes_and_reads_a_baseline_with_windows_os(tmp_path, windows_os):

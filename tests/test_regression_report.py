@@ -186,7 +186,7 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     target.write_bytes(data[: len(data) // 2])
     raise OSError("No space left on device")
 
-  monkeypatch.setattr(store, "_write_file", crash)
+  monkeypatch.setattr(store.write, "_write_file", crash)
   with pytest.raises(OSError, match="No space left"):
     write_json(Report(command="check", exit_code=0, rows=[Row("a", "PASS")]), path)
   assert path.read_text() == "the earlier report\n"

@@ -56,8 +56,8 @@ def baseline(tmp_path) -> Path:
 
 
 def _full_disk(partial: bool, on: str = "arrays"):
-  """A ``store._write_file`` for a full disk: it fails writing the arrays or the manifest."""
-  real = store._write_file
+  """A ``store.write._write_file`` for a full disk: it fails writing the arrays or the manifest."""
+  real = store.write._write_file
 
   def write(path, data):
     if data.startswith(b"PK") != (on == "arrays"):  # an .npz is a zip: it starts with PK
@@ -73,7 +73,7 @@ def _full_disk(partial: bool, on: str = "arrays"):
 def test_regression_record_on_a_full_disk_keeps_the_previous_baseline(
     baseline, tmp_path, monkeypatch, capsys, on):
   before = _snapshot(baseline)
-  monkeypatch.setattr(store, "_write_file", _full_disk(partial=True, on=on))
+  monkeypatch.setattr(store.write, "_write_file", _full_disk(partial=True, on=on))
   code = cli.main(["record", "--out", str(baseline), "--force"],
                   batch=lambda: Batch([_double("new")]))
   err = capsys.readouterr().err
@@ -94,7 +94,7 @@ def test_regression_record_on_a_full_disk_keeps_the_previous_baseline(
 
 def test_regression_record_on_a_full_disk_writes_nothing_new(tmp_path, monkeypatch, capsys):
   out = tmp_path / "fresh"
-  monkeypatch.setattr(store, "_write_file", _full_disk(partial=False))
+  monkeypatch.setattr(store.write, "_write_file", _full_disk(partial=False))
   code = cli.main(["record", "--out", str(out)], batch=lambda: Batch([_double("new")]))
   assert code == 2
   assert capsys.readouterr().err == (
@@ -152,13 +152,13 @@ def _child(delay: float, imports: str, body: str) -> str:
   """) + textwrap.dedent(imports) + textwrap.dedent(f"""
 
       out, tag, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-      real = store._write_file
+      real = store.write._write_file
 
       def slow_write(path, data):
         real(path, data)
         time.sleep({delay})
 
-      store._write_file = slow_write
+      store.write._write_file = slow_write
       while not go.exists():
         time.sleep(0.01)
   """) + textwrap.dedent(body)
@@ -239,7 +239,7 @@ def test_regression_writer_waits_for_the_lock_then_gives_a_clear_message(
   holder = os.open(baseline.parent, os.O_RDONLY)
   fcntl.flock(holder, fcntl.LOCK_EX)
   before = _snapshot(baseline)
-  monkeypatch.setattr(store, "LOCK_TIMEOUT_S", 0.2)
+  monkeypatch.setattr(store.write, "LOCK_TIMEOUT_S", 0.2)
   try:
     with pytest.raises(store.BaselineLockedError, match=(
         r"another process has been writing a baseline in .* for over 0\.2 s; try again")):
@@ -379,7 +379,7 @@ def test_regression_a_copy_that_differs_fails_the_case():
 
 def test_regression_check_after_a_failed_record_still_reads_the_old_baseline(
     baseline, monkeypatch):
-  monkeypatch.setattr(store, "_write_file", _full_disk(partial=True, on="manifest"))
+  monkeypatch.setattr(store.write, "_write_file", _full_disk(partial=True, on="manifest"))
   report = commands.record([_double("new")], baseline, force=True, reps=FAST)
   assert report.exit_code == 2
   monkeypatch.undo()

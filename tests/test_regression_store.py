@@ -189,7 +189,7 @@ def test_store_damaged_baseline_raises_one_line_reason(tmp_path, damage, message
   elif damage == "no_table":
     manifest = json.loads(manifest_path.read_text())
     manifest["arrays"] = [manifest["arrays"]]
-    manifest["manifest_sha256"] = store._checksum(manifest)
+    manifest["manifest_sha256"] = store.format._checksum(manifest)
     manifest_path.write_text(json.dumps(manifest))
   elif damage == "nan":  # Python's json reads NaN, which the checksum cannot cover
     _edit_manifest(out, kind=float("nan"))
@@ -231,7 +231,7 @@ def test_store_a_file_that_is_not_a_regular_file_is_refused_without_hanging(
       pytest.fail("read_baseline hung on a FIFO")
   version = None if name == "manifest.json" else 3  # the version this nnx-pool writes
   assert errors == [(f"baseline {out}: {path.name} is not a regular file; remove it and "
-                     f"{store._FIX}.", version)]
+                     f"{store.read._FIX}.", version)]
   assert len(os.listdir("/proc/self/fd")) == fds  # nothing left open
 
 
@@ -249,7 +249,7 @@ def test_store_reads_format_version_1_and_force_replaces_it(tmp_path):
   _arrays_file(out).rename(out / "arrays.npz")
   manifest = json.loads((out / "manifest.json").read_text())
   manifest["format_version"] = 1
-  manifest["manifest_sha256"] = store._checksum(manifest)
+  manifest["manifest_sha256"] = store.format._checksum(manifest)
   (out / "manifest.json").write_text(json.dumps(manifest))
   old = read_baseline(out)
   assert old.manifest["format_version"] == 1
@@ -278,7 +278,7 @@ def test_store_format_version_2_baselines_still_load(tmp_path):
   out = _baseline(tmp_path)
   manifest = json.loads((out / "manifest.json").read_text())
   manifest["format_version"] = 2
-  manifest["manifest_sha256"] = store._checksum(manifest)
+  manifest["manifest_sha256"] = store.format._checksum(manifest)
   (out / "manifest.json").write_text(json.dumps(manifest))
   old = read_baseline(out)
   assert old.manifest["format_version"] == 2
@@ -343,7 +343,7 @@ def test_store_a_record_that_dies_at_any_point_leaves_old_or_new_whole(
   out = _baseline(tmp_path)
   before = read_baseline(out).arrays
   new = {"a": np.full(3, 7.0), "c": np.zeros(2, ml_dtypes.bfloat16)}
-  real, calls = getattr(store, seam), []
+  real, calls = getattr(store.write, seam), []
 
   def dying(*args):
     calls.append(args)
@@ -353,7 +353,7 @@ def test_store_a_record_that_dies_at_any_point_leaves_old_or_new_whole(
       raise Crash
     return real(*args)
 
-  monkeypatch.setattr(store, seam, dying)
+  monkeypatch.setattr(store.write, seam, dying)
   with pytest.raises(Crash):
     write_baseline(out, {"kind": "new"}, new, force=True)
   monkeypatch.undo()
@@ -399,7 +399,7 @@ def test_store_a_first_record_that_fails_leaves_nothing(tmp_path, monkeypatch):
     path.write_bytes(data[:10])
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(store, "_write_file", full_disk)
+  monkeypatch.setattr(store.write, "_write_file", full_disk)
   with pytest.raises(OSError, match="No space left"):
     write_baseline(tmp_path / "new", {}, {"a": np.zeros(3)})
   assert list(tmp_path.iterdir()) == []
@@ -408,7 +408,7 @@ def test_store_a_first_record_that_fails_leaves_nothing(tmp_path, monkeypatch):
 def test_store_a_reader_whose_arrays_vanish_reads_the_new_manifest(tmp_path, monkeypatch):
   # Deterministically: a record finishes between the reader's manifest and its arrays.
   out = _baseline(tmp_path)
-  real, parsed = store._parse_manifest, []
+  real, parsed = store.read._parse_manifest, []
 
   def then_a_record_finishes(path, data):
     parsed.append(real(path, data))
@@ -416,7 +416,7 @@ def test_store_a_reader_whose_arrays_vanish_reads_the_new_manifest(tmp_path, mon
       write_baseline(out, {"kind": "new"}, {"a": np.full(4, 2.0)}, force=True)
     return parsed[-1]
 
-  monkeypatch.setattr(store, "_parse_manifest", then_a_record_finishes)
+  monkeypatch.setattr(store.read, "_parse_manifest", then_a_record_finishes)
   baseline = read_baseline(out)
   assert [m["kind"] for m, _ in parsed] == ["test", "new"]  # it read the manifest again
   assert baseline.manifest["kind"] == "new"
@@ -462,14 +462,14 @@ def test_store_a_second_writer_waits_for_the_first_then_refuses_or_replaces(
   # must wait, then see the first one's baseline: without force it refuses, with force
   # it replaces it whole. Without the lock it would write its own, then be overwritten.
   out = tmp_path / "base"
-  real, inside, release = store._write_file, threading.Event(), threading.Event()
+  real, inside, release = store.write._write_file, threading.Event(), threading.Event()
 
   def slow_write(path, data):
     inside.set()
     release.wait(timeout=10)
     real(path, data)
 
-  monkeypatch.setattr(store, "_write_file", slow_write)
+  monkeypatch.setattr(store.write, "_write_file", slow_write)
   results = {}
   first = threading.Thread(target=lambda: results.update(first=_try_write(out, "first")))
   first.start()
@@ -516,7 +516,7 @@ _KILLED_CHILD = textwrap.dedent("""
     from nnx_pool.regression.batch import Batch, Case
 
     out, marker = Path(sys.argv[1]), Path(sys.argv[2])
-    real = store._write_file
+    real = store.write._write_file
 
     def slow_write(path, data):
       if not data.startswith(b"PK"):  # the manifest
@@ -527,7 +527,7 @@ _KILLED_CHILD = textwrap.dedent("""
       marker.touch()
       time.sleep(60)
 
-    store._write_file = slow_write
+    store.write._write_file = slow_write
     batch = lambda: Batch([Case("double", lambda: (lambda x: 2 * x), input="one")])
     sys.exit(cli.main(["record", "--out", str(out), "--force"], batch=batch))
 """)
@@ -633,7 +633,7 @@ def _recommit(out: Path, manifest: dict, members: dict[str, bytes]) -> Path:
   checksum, and an arrays file of the given members, named as that manifest names it."""
   for old in out.glob("arrays-*.npz"):
     old.unlink()
-  manifest["manifest_sha256"] = store._checksum(manifest)
+  manifest["manifest_sha256"] = store.format._checksum(manifest)
   (out / "manifest.json").write_text(json.dumps(manifest))
   with zipfile.ZipFile(out / store.arrays_name(manifest), "w") as z:
     for name, data in members.items():

@@ -9,8 +9,8 @@ empty file, safe to delete when nothing runs. Either way the lock belongs to an 
 file, so the system frees it when its holder closes it or dies: no stale lock to clean.
 
 The platform's module is imported where a lock is taken, never when this module is
-imported, so that ``import nnx_pool.regression`` (and with it the pytest plugin every
-pytest session of an environment loads) works on every platform.
+imported, so that importing the store (and with it the kit's commands) works on every
+platform.
 """
 
 from __future__ import annotations
