@@ -1,4 +1,4 @@
-"""Compares arrays under a :class:`~nnx_pool.regression.tolerance.Tolerance`.
+"""Compares arrays under a :class:`~nnx_pool.regression.compare.tolerance.Tolerance`.
 
 Rules, in order:
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from nnx_pool.regression.tolerance import Tolerance, is_float
+from .tolerance import Tolerance, is_float
 
 
 @dataclasses.dataclass
