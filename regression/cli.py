@@ -7,7 +7,7 @@ Commands:
   JIT warmup and compares it with the baseline (default: the shipped one).
   ``--timing`` lists every case whose timing moved; by default the report gives
   totals and at most the largest mover. ``--html OUT`` also writes one
-  self-contained page (:mod:`nnx_pool.regression.html`): both stamps, the table,
+  self-contained page (:mod:`nnx_pool.regression.report.html`): both stamps, the table,
   and heatmaps of every failing array; it needs matplotlib, the ``report``
   extra, and without it exits 2 naming the install command before running anything.
   With ``--devices N`` the batch runs sharded over N devices (simulated CPU
@@ -84,8 +84,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from nnx_pool.regression import html, rehearse, rehearse_cache, store
-from nnx_pool.regression.report import Report, render, write_json
+from nnx_pool.regression import rehearse, rehearse_cache, store
+from nnx_pool.regression.report import Report, html, render, write_json
 from nnx_pool.regression.stamp import SHIPPED, source_checkout
 
 BatchFactory = Callable[[], Any]

@@ -247,8 +247,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def write_page(baselines: list[Any], page: Path) -> str:
   """Writes the HTML page of the failing checks listed (each a baseline's path, or ``(path,
   obtained)``); what to print."""
-  from nnx_pool.regression import html
   from nnx_pool.regression._fixture_core import session_report
+  from nnx_pool.regression.report import html
 
   report = session_report(baselines)
   try:

@@ -17,9 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from nnx_pool.regression import cli, commands, html, store
+from nnx_pool.regression import cli, commands, store
 from nnx_pool.regression.batch import Batch, load_batch
-from nnx_pool.regression.report import FailedArray, Report, Row
+from nnx_pool.regression.report import FailedArray, Report, Row, html
 from nnx_pool.regression.tolerance import Tolerance
 
 NAMES = ("max_k2_one", "avg_k2_one", "max_k2_indices_bf16_one")

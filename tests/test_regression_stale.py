@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_pool.regression import commands, html, store
+from nnx_pool.regression import commands, store
 from nnx_pool.regression.batch import Case, ErrorSpec
-from nnx_pool.regression.report import Report, render
+from nnx_pool.regression.report import Report, html, render
 
 FAST = 3  # timed steady-state calls per case
 RTOL = ATOL = 1e-6  # the "window" tolerance of a float32 output (tolerance.py's table)

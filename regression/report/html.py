@@ -39,20 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from nnx_pool.regression import store
-from nnx_pool.regression.compare import failing_elements
-from nnx_pool.regression.report import (
-    COLUMNS,
-    FAILING,
-    FailedArray,
-    Report,
-    Row,
-    aligned,
-    table,
-    timing_lines,
-)
-from nnx_pool.regression.stamp import stamp_header, stamp_rows
-from nnx_pool.regression.tolerance import is_float
+from ..compare import failing_elements
+from ..compare.tolerance import is_float
+from ..stamp import stamp_header, stamp_rows
+from ..store import write_atomic
+from .data import FAILING, FailedArray, Report, Row
+from .text import COLUMNS, aligned, table, timing_lines
 
 INSTALL = "pip install 'nnx-pool[report]'"
 MISSING = f"--html needs matplotlib: {INSTALL}"
@@ -108,7 +100,7 @@ def write_html(report: Report, path: str | os.PathLike, *, progress: Progress | 
     ImportError: matplotlib is missing (:data:`MISSING` says what to install).
     OSError: the file could not be written; an earlier file at ``path`` is untouched.
   """
-  store.write_atomic(path, render_html(report, progress=progress).encode("utf-8"))
+  write_atomic(path, render_html(report, progress=progress).encode("utf-8"))
 
 
 def render_html(report: Report, *, progress: Progress | None = None) -> str:
