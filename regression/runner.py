@@ -3,7 +3,7 @@
 :func:`evaluate` compiles a callable, warms it up, times it, and records its
 jit and eager results; :func:`settle` gives each result its tolerance and says
 whether jit and eager agree; :func:`compare_results` checks each result against
-a baseline's. :mod:`nnx_pool.regression.batch_runner` runs one batch case through
+a baseline's. :mod:`nnx_pool.regression.batch.runner` runs one batch case through
 the first two, plus gradients for a fixed cotangent;
 ``nnx_pool.regression._fixture_core`` runs a user's module through the same three.
 

@@ -15,8 +15,8 @@ from nnx_pool.regression.batch import (
   load_batch,
   select,
 )
-from nnx_pool.regression.batch_runner import run_case
-from nnx_pool.regression.inputs import INPUTS, make_cotangent, make_input, uniform
+from nnx_pool.regression.batch.inputs import INPUTS, make_cotangent, make_input, uniform
+from nnx_pool.regression.batch.runner import run_case
 from nnx_pool.regression.stamp import SHIPPED
 
 

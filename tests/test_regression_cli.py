@@ -194,7 +194,7 @@ def test_cli_check_k_selects_cases_and_ignores_the_rest(baseline, capsys):
 
 def test_cli_check_reads_inputs_from_the_baseline(baseline, capsys, monkeypatch):
   # If check regenerated inputs, this poisoned generator would change every output.
-  from nnx_pool.regression import batch_runner
+  from nnx_pool.regression.batch import runner as batch_runner
 
   monkeypatch.setattr(batch_runner, "make_input",
                       lambda *a: pytest.fail("check regenerated an input"))
@@ -279,7 +279,7 @@ def test_cli_record_refuses_to_overwrite_without_force(baseline, capsys):
 
 def test_cli_record_force_replaces_and_keeps_the_stored_inputs(baseline, capsys, monkeypatch):
   before = store.read_baseline(baseline)
-  from nnx_pool.regression import batch_runner
+  from nnx_pool.regression.batch import runner as batch_runner
 
   # Unchanged cases reuse the stored inputs, so inputs never drift between recordings.
   monkeypatch.setattr(batch_runner, "make_input",

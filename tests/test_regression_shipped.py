@@ -28,6 +28,7 @@ import pytest
 
 from nnx_pool.regression import commands
 from nnx_pool.regression.batch import Batch, load_batch
+from nnx_pool.regression.batch.baseline import declaration_changes
 from nnx_pool.regression.cli import main
 from nnx_pool.regression.stamp import SHIPPED
 
@@ -49,8 +50,8 @@ def test_every_case_of_the_batch_is_in_the_shipped_baseline_as_declared():
   batch = load_batch()
   entries = commands.load(SHIPPED).manifest["cases"]
   assert sorted(case.name for case in batch.cases) == sorted(entries)
-  stale = {case.name: commands._declaration_changes(entries[case.name]["declaration"],
-                                                    case.describe())
+  stale = {case.name: declaration_changes(entries[case.name]["declaration"],
+                                          case.describe())
            for case in batch.cases}
   assert not {name: changes for name, changes in stale.items() if changes}
 

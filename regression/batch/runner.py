@@ -4,7 +4,7 @@
 runs it under jit and eagerly, takes the gradient for the stored cotangent (and the
 parameters', for gates), and gives every result its tolerance; an error case instead
 checks what the module raises. This is the part of running that knows the batch's
-:class:`~nnx_pool.regression.batch.Case`; the ``nnx_regression`` fixture runs users'
+:class:`~nnx_pool.regression.batch.declare.Case`; the ``nnx_regression`` fixture runs users'
 modules through the runner without it.
 
 Sharded runs (``check --devices N``): given a mesh of N devices with one axis,
@@ -25,25 +25,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_pool.regression.batch import Case, ErrorSpec
-from nnx_pool.regression.constants import BATCH_AXIS
-from nnx_pool.regression.inputs import make_cotangent, make_input
-from nnx_pool.regression.runner import (
-    Apply,
-    Execution,
-    evaluate,
-    param_arrays,
-    role_of,
-    settle,
-    split_callable,
-    split_copies,
-    to_numpy,
-    with_params,
+from ..compare.tolerance import is_float, tolerance_for
+from ..constants import BATCH_AXIS
+from ..runner import (
+  Apply,
+  Execution,
+  evaluate,
+  param_arrays,
+  role_of,
+  settle,
+  split_callable,
+  split_copies,
+  to_numpy,
+  with_params,
 )
-from nnx_pool.regression.tolerance import is_float, tolerance_for
+from .declare import Case, ErrorSpec
+from .inputs import make_cotangent, make_input
 
 AXIS_TYPES = ("explicit", "auto")
-# Inputs without a batch axis (see nnx_pool.regression.inputs.INPUTS): never repeated.
+# Inputs without a batch axis (see nnx_pool.regression.batch.inputs.INPUTS): never repeated.
 UNBATCHED_INPUTS = frozenset({"unbatched"})
 
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nnx_pool.regression.store import dtype_by_name
-from nnx_pool.regression.tolerance import is_float
+from ..compare.tolerance import is_float
+from ..store import dtype_by_name
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
