@@ -296,7 +296,7 @@ def run(
 
 def _fixture_report(path: str, obtained: str | None = None) -> Report:
   """``report DIR [--obtained OBTAINED]``: a fixture baseline against its obtained file."""
-  from nnx_pool.regression._fixture_core import report_from_disk
+  from nnx_pool.regression.fixture.from_disk import report_from_disk
   from nnx_pool.regression.store import BaselineError
 
   try:

@@ -27,6 +27,8 @@ NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # sets kept with store_params=True lie in `<baselines' parent>/_weights/<16 hex>/`.
 OBTAINED_SUFFIX = ".obtained"
 WEIGHTS_DIR = "_weights"
+# The fix a damaged fixture file (baseline, obtained file, weight set) names.
+FIXTURE_REDO = "re-record it (--nnx-regression-update)"
 
 
 def baseline_name_problem(name: object) -> str | None:

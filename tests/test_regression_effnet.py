@@ -28,7 +28,8 @@ import pytest
 from flax import nnx
 
 from nnx_pool import GlobalMaxPool, SqueezeExcitation
-from nnx_pool.regression import model_state, store
+from nnx_pool.regression import store
+from nnx_pool.regression.fixture import model_state
 from nnx_pool.regression.guard import Guard, RegressionFailure, RegressionNote
 
 _EFFNET = runpy.run_path(str(Path(__file__).parent / "_effnet.py"))

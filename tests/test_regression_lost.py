@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_pool.regression import _fixture_core as core
 from nnx_pool.regression import cli, store
+from nnx_pool.regression.fixture.weight_sets import load_weight_set, read_weight_set
 from nnx_pool.regression.guard import Guard, RegressionFailure
 
 X = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
@@ -109,7 +109,7 @@ def test_a_weight_set_replaced_by_another_is_named_and_rewritten_by_an_update(tm
   assert outcome.status == "updated"
   assert f"_weights/{sets['a']} (rewritten: its content did not match its name)" in (
       outcome.message)
-  assert core.read_weight_set(weights / sets["a"]).manifest["kind"] == "pytest-weights"
+  assert read_weight_set(weights / sets["a"]).manifest["kind"] == "pytest-weights"
   assert Guard(root).check("a", _linear(0), X, store_params=True).status == "passed"
   # A set that matches its name is shared, not written again.
   again = Guard(root, update=True).check("b", _linear(1), X, store_params=True)
@@ -122,7 +122,7 @@ def test_a_baseline_naming_a_weight_set_outside_the_weights_directory_is_refused
   manifest = json.loads((tmp_path / "mod" / "a" / "manifest.json").read_text())
   with pytest.raises(store.BaselineError, match=r"names the weight set '\.\./mod/a', which is "
                                                 r"no weight set's name \(16 hex digits\)"):
-    core.load_weight_set(tmp_path / "mod" / "a", {**manifest, "weights_set": "../mod/a"})
+    load_weight_set(tmp_path / "mod" / "a", {**manifest, "weights_set": "../mod/a"})
 
 
 # ------------------------------------------------------------------ check-only mode

@@ -20,9 +20,12 @@ import pytest
 from flax import nnx
 
 from nnx_pool import MaxPool
-from nnx_pool.regression import _fixture_core as core
 from nnx_pool.regression import cli, store
+from nnx_pool.regression.fixture import files
+from nnx_pool.regression.fixture.comparison import compare
+from nnx_pool.regression.fixture.recording import Recording
 from nnx_pool.regression.guard import Guard, RegressionFailure
+from nnx_pool.regression.tolerance import tolerance_for
 
 # The model, by path: tests/ is not a package, and a plain `import _resnet` would read as a
 # third-party distribution to tests/test_dependencies.py.
@@ -147,19 +150,19 @@ def test_check_grad_of_a_batchnorm_model_in_train_mode(tmp_path):
 def test_eager_results_that_disagree_with_jit_when_recording_are_kept_beside(tmp_path):
   # One result per output is stored; where eager already disagrees with jit (it can, BatchNorm
   # in train mode), the eager one is kept too and the eager run is compared with it.
-  rec = core.Recording("check", results={"output": np.ones(3, np.float32)},
+  rec = Recording("check", results={"output": np.ones(3, np.float32)},
                        eager={"output": np.array([1, 1, 1.5], np.float32)})
-  rec.tolerances = {"output": core.tolerance_for("model", "output", np.float32)}
-  assert set(core.disagreeing_eager(rec)) == {"output_eager"}
+  rec.tolerances = {"output": tolerance_for("model", "output", np.float32)}
+  assert set(files.disagreeing_eager(rec)) == {"output_eager"}
   stamp = {"versions": {}, "backend": {}}
-  written = core.write(Path(tmp_path) / "t" / "out", rec, stamp, nodeid="t", name="out")
+  written = files.write(Path(tmp_path) / "t" / "out", rec, stamp, nodeid="t", name="out")
   base = store.read_baseline(Path(tmp_path) / "t" / "out")
   assert set(base.arrays) == {"output", "output_eager"} and written.size > 0
-  report = core.compare(base, rec, stamp, name="out")  # each run against its own: passes
+  report = compare(base, rec, stamp, name="out")  # each run against its own: passes
   assert report.exit_code == 0 and [r.case for r in report.rows] == [
       "out:output [jit]", "out:output [eager]"]
   rec.eager["output"] = np.ones(3, np.float32)
-  assert core.disagreeing_eager(rec) == {}
+  assert files.disagreeing_eager(rec) == {}
 
 
 class _Dropped(nnx.Module):
@@ -334,7 +337,7 @@ def test_a_value_change_deep_in_the_model_is_localised_to_its_first_layer(baseli
 def test_capture_restores_every_class_and_skips_transformed_calls():
   model = _model()
   call = {cls: cls.__dict__.get("__call__") for cls in (MaxPool, nnx.Conv, nnx.BatchNorm)}
-  from nnx_pool.regression import model_state
+  from nnx_pool.regression.fixture import model_state
 
   with model_state.capture(model) as calls:
     model(X)
@@ -473,8 +476,8 @@ def test_the_8m_parameter_resnet_baselines_fit_the_issues_targets(tmp_path):
   guard.check("logits", model, x, store_params=True)
   guard.check("stem", model.stem, x, store_params=True)
   guard.check_grad("grads", cross_entropy, model, x, labels, store_params=True)
-  baselines = sum(core.size_of(p) for p in (tmp_path / "test_resnet").iterdir())
-  weights = sum(core.size_of(p) for p in (tmp_path / "_weights").iterdir())
+  baselines = sum(files.size_of(p) for p in (tmp_path / "test_resnet").iterdir())
+  weights = sum(files.size_of(p) for p in (tmp_path / "_weights").iterdir())
   for name in ("logits", "stem", "grads"):  # by default these three directories are all
     arrays = json.loads((tmp_path / "test_resnet" / name / "manifest.json").read_text())["arrays"]
     assert not any(key.startswith("weights") for key in arrays)

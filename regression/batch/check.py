@@ -205,7 +205,7 @@ def _compare_into(
       continue
     tol = run.tolerances[key]
     if stale and not same_layout(split_copies(key, run.results[key], run.copies)[0],
-                                  stored[key]):
+                                 stored[key]):
       row.details.append(f"{key}: {verdict.message}; no numbers for it")
       continue
     add_verdict(row, key, verdict, tol)
