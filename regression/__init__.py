@@ -5,9 +5,9 @@
   baseline; ``record``, ``diff`` and ``info`` complete the CLI
   (:mod:`nnx_pool.regression.cli`). ``rehearse jax==0.9.2`` runs ``check`` in a throwaway
   environment with other versions, leaving this one as it is
-  (:mod:`nnx_pool.regression.rehearse`), and ``bisect --good SPEC --bad SPEC`` halves the
+  (:mod:`nnx_pool.regression.upgrade.rehearse`), and ``bisect --good SPEC --bad SPEC`` halves the
   releases between two requirement sets to name the one that moved the numbers
-  (:mod:`nnx_pool.regression.bisect`).
+  (:mod:`nnx_pool.regression.upgrade.bisect`).
 * :mod:`nnx_pool.regression.pytest_plugin` gives users' tests an ``nnx_regression``
   fixture over the same baseline format.
 

@@ -32,11 +32,11 @@ Commands:
   the versions it changed marked ``(rehearsal)``. This environment is never modified.
   ``--resolve`` lets pip choose older versions of the packages that depend on a
   requirement (flax for jax). Environments are cached per requirement set, the three
-  used most recently kept (:func:`nnx_pool.regression.rehearse_cache.cache_root`);
+  used most recently kept (:func:`nnx_pool.regression.upgrade.rehearse_cache.cache_root`);
   ``rehearse --clear-cache`` empties the cache. ``--pytest`` also runs your
   ``nnx_regression`` tests there, comparing only; every argument after ``--`` goes to that
   pytest untouched (``--pytest tests -- -k logits``), and ``--no-batch`` runs only them.
-  See :mod:`nnx_pool.regression.rehearse`.
+  See :mod:`nnx_pool.regression.upgrade.rehearse`.
 * ``bisect --good SPEC --bad SPEC [--resolve] [--pre] [-k PATTERN] [--html OUT]
   [--no-batch] [--pytest [PATH...] [-- ARG...]]``: finds the release that moved the numbers.
   SPEC is a requirement set as ``rehearse`` takes it, quoted as one argument
@@ -44,7 +44,7 @@ Commands:
   (jax with its jaxlib counts as one). It records the baselines in the good set's
   environment (into a temporary directory), checks them in the bad set's, then halves the
   registry's releases between them, in the rehearsal cache's environments, and names the
-  first release whose check fails. See :mod:`nnx_pool.regression.bisect`.
+  first release whose check fails. See :mod:`nnx_pool.regression.upgrade.bisect`.
 
 On a terminal, ``check`` and ``record`` show which case runs (``check: case 17/104
 max_k2s1_ties_zeros ...``) on one line of stderr that is rewritten in place and cleared
@@ -84,9 +84,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from nnx_pool.regression import rehearse, rehearse_cache, store
+from nnx_pool.regression import store
 from nnx_pool.regression.report import Report, html, render, write_json
 from nnx_pool.regression.stamp import SHIPPED, source_checkout
+from nnx_pool.regression.upgrade import rehearse, rehearse_cache
 
 BatchFactory = Callable[[], Any]
 
@@ -534,7 +535,7 @@ def _rehearse(args: argparse.Namespace) -> int:
 
 def _bisect(argv: Sequence[str]) -> int:
   """``bisect``: prints each step, the first moved release's report, the answer; the exit code."""
-  from nnx_pool.regression import bisect
+  from nnx_pool.regression.upgrade import bisect
 
   argv, handed = list(argv), []
   if "--" in argv:  # pytest's own options, untouched

@@ -19,21 +19,22 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from nnx_pool.regression import bisect, bisect_plan, cli, rehearse_env
-from nnx_pool.regression.bisect_plan import (
-    GOOD,
-    MOVED,
-    SKIP,
-    Halving,
-    Listing,
-    find_span,
-    parse_index,
-    parse_set,
-    partner_of,
-    releases_between,
-)
-from nnx_pool.regression.rehearse_plan import RehearsalError
+from nnx_pool.regression import cli
 from nnx_pool.regression.report import Report, Row
+from nnx_pool.regression.upgrade import bisect, bisect_plan, rehearse_env
+from nnx_pool.regression.upgrade.bisect_plan import (
+  GOOD,
+  MOVED,
+  SKIP,
+  Halving,
+  Listing,
+  find_span,
+  parse_index,
+  parse_set,
+  partner_of,
+  releases_between,
+)
+from nnx_pool.regression.upgrade.rehearse_plan import RehearsalError
 
 
 def V(text: str) -> Version:

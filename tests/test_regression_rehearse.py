@@ -28,18 +28,18 @@ from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 
 import nnx_pool
-from nnx_pool.regression import (
-    cli,
-    lock,
-    pip_messages,
-    rehearse,
-    rehearse_cache,
-    rehearse_env,
-    rehearse_plan,
-    rehearse_source,
-)
-from nnx_pool.regression.rehearse_plan import RehearsalError, Requirement, make_plan
+from nnx_pool.regression import cli
 from nnx_pool.regression.stamp import SHIPPED, installed_versions
+from nnx_pool.regression.store import lock
+from nnx_pool.regression.upgrade import (
+  pip_messages,
+  rehearse,
+  rehearse_cache,
+  rehearse_env,
+  rehearse_plan,
+  rehearse_source,
+)
+from nnx_pool.regression.upgrade.rehearse_plan import RehearsalError, Requirement, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 # The stand-in runs report jax 0.9.2; the change they show starts from the jax installed
@@ -231,11 +231,20 @@ def test_this_source_of_a_checkout_is_copied_never_built_in_place(tmp_path):
       ROOT / "nnx_pool" / "__init__.py").read_bytes()
   assert snapshot.digest == source.digest() == rehearse_source.this_source().digest()
   # Everything pyproject.toml's build reads: itself, the readme, each package's directory
-  # (setuptools' package-dir, else the package's own path), every module in them.
+  # (setuptools' package-dir of the package or of its longest mapped parent, else the
+  # package's own path), every module in them.
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())
   setuptools = project["tool"]["setuptools"]
-  folders = [setuptools.get("package-dir", {}).get(p, p.replace(".", "/"))
-             for p in setuptools["packages"]]
+  mapped = setuptools.get("package-dir", {})
+
+  def folder_of(package: str) -> str:
+    parts = package.split(".")
+    for i in range(len(parts), 0, -1):
+      if ".".join(parts[:i]) in mapped:
+        return "/".join([mapped[".".join(parts[:i])], *parts[i:]])
+    return "/".join(parts)
+
+  folders = [folder_of(p) for p in setuptools["packages"]]
   assert {Path("pyproject.toml"), Path(project["project"]["readme"])} <= copied
   for folder in folders:
     modules = {p.relative_to(ROOT) for p in (ROOT / folder).glob("*.py")}

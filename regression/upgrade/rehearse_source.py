@@ -22,8 +22,8 @@ import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from nnx_pool.regression.rehearse_plan import SELF, RehearsalError
-from nnx_pool.regression.stamp import source_checkout
+from ..stamp import source_checkout
+from .rehearse_plan import SELF, RehearsalError
 
 # What pyproject.toml's setuptools configuration reads to build nnx-pool.
 SOURCE_FILES = ("pyproject.toml", "README.md", "nnx_pool", "regression")

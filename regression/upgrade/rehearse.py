@@ -5,11 +5,11 @@ the numbers before anything here changes. It:
 
 1. plans the environment: this nnx-pool and its dependencies, each at the version
    installed here, except what the requirements name
-   (:mod:`nnx_pool.regression.rehearse_plan`);
+   (:mod:`nnx_pool.regression.upgrade.rehearse_plan`);
 2. creates it (the standard library's :mod:`venv`, with pip) and installs the plan
    there, or reuses one built earlier for the same requirement set
-   (:mod:`nnx_pool.regression.rehearse_env`, :mod:`nnx_pool.regression.rehearse_cache`);
-   a failed install is one line (:mod:`nnx_pool.regression.pip_messages`);
+   (:mod:`.rehearse_env`, :mod:`.rehearse_cache`);
+   a failed install is one line (:mod:`nnx_pool.regression.upgrade.pip_messages`);
 3. runs ``check`` there against a baseline of this environment (the shipped one by
    default) and returns its report, with the version changes the rehearsal made
    marked ``(rehearsal)``: ``jax 0.10.2 -> 0.9.2 (rehearsal)``;
@@ -19,7 +19,7 @@ the numbers before anything here changes. It:
    (``--no-batch``) skips step 3: only the user's tests run, and the report compares the
    two environments' stamps.
 
-This environment is never modified: see :mod:`nnx_pool.regression.rehearse_env`.
+This environment is never modified: see :mod:`nnx_pool.regression.upgrade.rehearse_env`.
 
 Nothing here prints: :mod:`nnx_pool.regression.cli` renders the report, and
 ``progress`` is told of each step. The run's ``check`` and ``pytest`` write to this
@@ -40,20 +40,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nnx_pool.regression import rehearse_cache, rehearse_env
-from nnx_pool.regression.rehearse_env import Job, StepProgress, Steps
-from nnx_pool.regression.rehearse_plan import (
-    Plan,
-    RehearsalError,
-    admits,
-    dependencies,
-    installed_depends,
-    installed_pins,
-    make_plan,
+from ..report import Report
+from ..stamp import git_revision, installed_versions, stamp_rows
+from . import rehearse_cache, rehearse_env
+from .rehearse_env import Job, StepProgress, Steps
+from .rehearse_plan import (
+  Plan,
+  RehearsalError,
+  admits,
+  dependencies,
+  installed_depends,
+  installed_pins,
+  make_plan,
 )
-from nnx_pool.regression.rehearse_source import this_source
-from nnx_pool.regression.report import Report
-from nnx_pool.regression.stamp import git_revision, installed_versions, stamp_rows
+from .rehearse_source import this_source
 
 T = TypeVar("T")
 
@@ -98,10 +98,10 @@ def resolved_notes(plan: Plan, there: Mapping[str, str], pins: Mapping[str, str]
   Args:
     plan: the plan (its ``resolved`` dependents).
     there: the rehearsal environment's versions
-      (:func:`~nnx_pool.regression.rehearse_env.environment_versions`).
+      (:func:`~nnx_pool.regression.upgrade.rehearse_env.environment_versions`).
     pins: this environment's versions.
     depends: what each package here requires
-      (:func:`~nnx_pool.regression.rehearse_plan.installed_depends`).
+      (:func:`~nnx_pool.regression.upgrade.rehearse_plan.installed_depends`).
   """
   if not plan.resolve:
     return []
@@ -180,7 +180,7 @@ def rehearse(
     batch: run the kit's own cases (``check``); False runs only the user's tests, and the
       report's environment changes are those between this environment and the rehearsal's.
     cache: keep the environment under
-      :func:`~nnx_pool.regression.rehearse_cache.cache_root` and reuse it; False builds a
+      :func:`~nnx_pool.regression.upgrade.rehearse_cache.cache_root` and reuse it; False builds a
       throwaway one and removes it.
     resolve: let pip choose older versions of the packages that depend on a released one.
     progress: the CLI's progress line, told of each step.
@@ -251,7 +251,7 @@ def in_cache(job: Job, then: int, work: Callable[[Path], T]) -> tuple[T, str]:
 
   The cache entry's lock is held throughout. ``then``: the steps ``work`` takes, for the
   progress line's total. Returns what ``work`` returned, and how the environment was made
-  ready (:func:`~nnx_pool.regression.rehearse_env.prepare`: built, updated or reused).
+  ready (:func:`~nnx_pool.regression.upgrade.rehearse_env.prepare`: built, updated or reused).
   """
   entry = rehearse_cache.cache_root() / job.plan.key()
 
@@ -313,7 +313,7 @@ def _stamp_report(json_path: Path, code: int, here: Mapping[str, str | None],
                   git: dict[str, Any] | None) -> Report:
   """The report of a rehearsal without the batch: the rehearsal's stamp against this
   environment's, its changes marked; no rows."""
-  from nnx_pool.regression.stamp import collect_stamp
+  from ..stamp import collect_stamp
 
   try:
     there = json.loads(json_path.read_text())["stamp"]

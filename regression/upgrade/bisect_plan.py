@@ -1,10 +1,10 @@
 """What ``bisect`` walks: the one package two requirement sets differ in, its releases, the halving.
 
-Nothing here installs or runs anything (:mod:`nnx_pool.regression.bisect` does):
+Nothing here installs or runs anything (:mod:`nnx_pool.regression.upgrade.bisect` does):
 
 * :func:`parse_set` reads a requirement set as ``rehearse`` takes it (``'jax==0.9.0'``,
   ``'jax==0.10.2 flax==0.12.8'``), each requirement parsed by
-  :meth:`~nnx_pool.regression.rehearse_plan.Requirement.parse`;
+  :meth:`~nnx_pool.regression.upgrade.rehearse_plan.Requirement.parse`;
 * :func:`find_span` finds the one package the good and the bad set differ in (jax and
   jaxlib count as one: a release of jax is installed with its jaxlib), and refuses two
   equal sets, two or more differing packages, and a differing package without an exact
@@ -39,7 +39,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from nnx_pool.regression.rehearse_plan import (
+from .rehearse_plan import (
   PAIRED,
   RehearsalError,
   Requirement,

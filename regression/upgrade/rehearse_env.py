@@ -1,13 +1,13 @@
 """The rehearsal environment: built with :mod:`venv` and pip, kept current, and run.
 
 :func:`build` creates a virtual environment (the standard library's :mod:`venv`, with
-pip) and installs there the plan (:mod:`nnx_pool.regression.rehearse_plan`) and this
-nnx-pool (:mod:`nnx_pool.regression.rehearse_source`), under the plan's constraints.
+pip) and installs there the plan (:mod:`nnx_pool.regression.upgrade.rehearse_plan`) and this
+nnx-pool (:mod:`nnx_pool.regression.upgrade.rehearse_source`), under the plan's constraints.
 :func:`prepare` does the same for a cache entry, or brings the environment it holds up to
 date: reinstalled (``--no-deps``) when this nnx-pool changed, and brought back to this
 environment's pins (``pip install`` again) when one of them moved since it was built
 (:func:`stale_pins`). It uses a cached environment only with the entry's manifest
-(:mod:`nnx_pool.regression.rehearse_cache`), and only while the requirement set resolves
+(:mod:`nnx_pool.regression.upgrade.rehearse_cache`), and only while the requirement set resolves
 as it did: the content of each ``file://`` location, and the versions pip chooses for a
 range (:func:`pip_choices`); otherwise it builds the environment again, never running what
 was there. :func:`run_check` and :func:`run_pytest` then run ``check`` and the
@@ -39,21 +39,22 @@ from typing import Any, Protocol
 from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 
-from nnx_pool.regression import rehearse_cache, store
-from nnx_pool.regression.constants import CHECK_ONLY_ENV
-from nnx_pool.regression.pip_messages import pip_failure
-from nnx_pool.regression.rehearse_cache import ENV_DIR, shown
-from nnx_pool.regression.rehearse_plan import (
-    SELF,
-    Plan,
-    RehearsalError,
-    admits,
-    chosen_by_pip,
-    first_copies,
-    local_locations,
-    normalise,
+from .. import store
+from ..constants import CHECK_ONLY_ENV
+from . import rehearse_cache
+from .pip_messages import pip_failure
+from .rehearse_cache import ENV_DIR, shown
+from .rehearse_plan import (
+  SELF,
+  Plan,
+  RehearsalError,
+  admits,
+  chosen_by_pip,
+  first_copies,
+  local_locations,
+  normalise,
 )
-from nnx_pool.regression.rehearse_source import Source, location_digest
+from .rehearse_source import Source, location_digest
 
 _UNSET_ENV = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT")
 

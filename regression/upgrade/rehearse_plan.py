@@ -18,16 +18,16 @@ name (``optax``) adds that package at this environment's version.
 releases the other's pin too, and one pinned with ``==`` brings the other to the same
 version: ``jax==0.9.2`` installs ``jaxlib==0.9.2``, ``jax==0.9.2+cpu`` ``jaxlib==0.9.2+cpu``.
 Name both to choose each. Any other pin that conflicts (``flax 0.12.8 depends on
-jax>=0.10.0``) stops the install (:mod:`nnx_pool.regression.pip_messages` says so in
+jax>=0.10.0``) stops the install (:mod:`nnx_pool.regression.upgrade.pip_messages` says so in
 one line): name a version of that package too, or pass ``resolve``, which turns the
 pin of every package here that depends on a released one (:func:`dependents`: flax,
 chex, optax, ... for jax) into an upper bound, so that pip chooses the newest version
 no newer than this environment's that admits the requirements (flax 0.12.6 for jax 0.9.2).
 
 A :class:`Plan` is keyed (:meth:`Plan.key`) by its requirement set, which names its
-environment in the cache (:mod:`nnx_pool.regression.rehearse_cache`). What the text of a
+environment in the cache (:mod:`nnx_pool.regression.upgrade.rehearse_cache`). What the text of a
 requirement does not fix is resolved again before a cached environment is used
-(:mod:`nnx_pool.regression.rehearse_env`): the content of a ``file://`` location
+(:mod:`nnx_pool.regression.upgrade.rehearse_env`): the content of a ``file://`` location
 (:func:`local_locations`), and the versions pip chooses for a range (``jax>=0.9,<0.10``), for
 the partner it releases, and for the dependents ``resolve`` bounds (:func:`chosen_by_pip`).
 """
@@ -51,7 +51,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion
 
-from nnx_pool.regression import store
+from .. import store
 
 SELF = "nnx-pool"
 PAIRED = {"jax": "jaxlib", "jaxlib": "jax"}
@@ -216,7 +216,7 @@ class Plan:
 
     The requirement set is the requirements (in any order), the extras and ``resolve``;
     this environment's pins are not part of it (a cached environment is brought to
-    them instead, see :func:`~nnx_pool.regression.rehearse_env.stale_pins`).
+    them instead, see :func:`~nnx_pool.regression.upgrade.rehearse_env.stale_pins`).
     """
     data = {
         "layout": _LAYOUT,

@@ -1,6 +1,6 @@
 """The cache of rehearsal environments: one directory per requirement set, the most recent kept.
 
-:func:`cache_root` holds one directory per :meth:`~nnx_pool.regression.rehearse_plan.Plan.key`
+:func:`cache_root` holds one directory per :meth:`~.rehearse_plan.Plan.key`
 (the interpreter, the requirements, the extras, ``resolve``), each holding the virtual
 environment (:data:`ENV_DIR`) and a file whose modification time is its last use
 (:func:`mark_used`). :func:`prune` keeps the :data:`KEEP_DEFAULT` most recently used of
@@ -12,7 +12,7 @@ clean-up removes an environment in use.
 **Nothing planted runs.** An entry is used only with its :data:`MANIFEST`, written last, once
 its environment is complete (:func:`write_manifest`), holding the digests of the resolved
 requirement set and of the nnx-pool installed there; an entry without a valid one is
-rebuilt, its environment removed unrun (:mod:`nnx_pool.regression.rehearse_env`). On POSIX,
+rebuilt, its environment removed unrun (:mod:`nnx_pool.regression.upgrade.rehearse_env`). On POSIX,
 the cache directory and each entry are made ``0700`` and refused (:func:`check_private`)
 when another user owns them or may write to them: anyone who can write there could plant an
 environment, and a manifest with it.
@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nnx_pool.regression import store
-from nnx_pool.regression.rehearse_plan import RehearsalError
-from nnx_pool.regression.store import lock
+from .. import store
+from ..store import lock
+from .rehearse_plan import RehearsalError
 
 MANIFEST = "manifest.json"  # a cache entry's manifest, written last (write_manifest)
 MANIFEST_FORMAT = "nnx-pool-rehearsal"
@@ -50,7 +50,7 @@ _KEY = re.compile(r"[0-9a-f]{16}\Z")  # a cache entry's name (Plan.key)
 
 def cache_root() -> Path:
   """Where rehearsal environments are kept, one directory per
-  :meth:`~nnx_pool.regression.rehearse_plan.Plan.key`.
+  :meth:`~nnx_pool.regression.upgrade.rehearse_plan.Plan.key`.
 
   ``$NNX_POOL_CACHE/rehearse`` when that is set, else ``$XDG_CACHE_HOME/nnx-pool/rehearse``,
   else ``~/.cache/nnx-pool/rehearse``. :func:`clear_cache` empties it.

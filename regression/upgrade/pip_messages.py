@@ -4,7 +4,7 @@
 the line that says why (no matching distribution; the conflict, less the lines that are
 not part of it; else pip's last error) and names the requirement it concerns. A conflict
 with one of this environment's pins says so and what to do: name a version of that
-package too, or pass ``--resolve`` (:mod:`nnx_pool.regression.rehearse_plan`).
+package too, or pass ``--resolve`` (:mod:`nnx_pool.regression.upgrade.rehearse_plan`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from nnx_pool.regression.rehearse_plan import SELF, Requirement, admits, normalise
+from .rehearse_plan import SELF, Requirement, admits, normalise
 
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
