@@ -17,9 +17,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import nnx_pool.regression
 from nnx_pool.regression import cli, commands, stamp, store
 from nnx_pool.regression.batch import Batch, Case, ErrorSpec
+from nnx_pool.regression.cli import dispatch
+from nnx_pool.regression.cli.progress import ProgressLine
 from nnx_pool.regression.report import Report
+from nnx_pool.regression.upgrade import rehearse
 
 FAST = 3  # timed steady-state calls per case in these tests
 
@@ -375,7 +379,7 @@ def test_cli_prints_nothing_extra_when_stderr_is_not_a_terminal(baseline, capsys
 def test_progress_line_fits_the_terminal_and_overwrites_a_longer_line(monkeypatch):
   monkeypatch.setenv("COLUMNS", "24")  # io.StringIO has no terminal size: COLUMNS decides
   terminal = _Terminal()
-  line = cli.ProgressLine(terminal, "check: case")
+  line = ProgressLine(terminal, "check: case")
   line(9, 104, "adaptive_avg_up_79_asym")
   line(10, 104, "se")
   line.clear()
@@ -428,7 +432,7 @@ def test_cli_info_prints_the_stamp(capsys, tmp_path, monkeypatch):
 def test_cli_json_into_a_missing_directory_exits_2_before_running(command, capsys, tmp_path,
                                                                   monkeypatch):
   monkeypatch.chdir(tmp_path)
-  monkeypatch.setattr(cli.rehearse, "rehearse", lambda *a, **k: _never_built())
+  monkeypatch.setattr(rehearse, "rehearse", lambda *a, **k: _never_built())
   for name in ("info", "diff", "record", "check"):
     monkeypatch.setattr(commands, name, lambda *a, **k: _never_built())
   path = tmp_path / "nonexistent" / "dir" / "r.json"
@@ -494,9 +498,10 @@ def test_cli_timing_moves_are_reported_and_never_fail(baseline, capsys):
 
 
 def test_cli_default_baseline_is_the_shipped_one():
-  args = cli._parser().parse_args(["check"])
-  assert Path(args.baseline) == stamp.SHIPPED == Path(cli.__file__).parent / "baseline"
-  assert cli._parser().parse_args(["record"]).out is None
+  args = cli.make_parser().parse_args(["check"])
+  kit = Path(nnx_pool.regression.__file__).parent
+  assert Path(args.baseline) == stamp.SHIPPED == kit / "baseline"
+  assert cli.make_parser().parse_args(["record"]).out is None
 
 
 def _never_built():
@@ -507,7 +512,7 @@ def test_cli_record_without_out_refuses_an_installed_package(monkeypatch, capsys
   # Installed from a wheel there is no source checkout: the shipped baseline lies in
   # site-packages and is never written, and the batch is not even run.
   before = {p.name: p.read_bytes() for p in stamp.SHIPPED.iterdir()}
-  monkeypatch.setattr(cli, "source_checkout", lambda: None)
+  monkeypatch.setattr(dispatch, "source_checkout", lambda: None)
   assert cli.main(["record"], batch=_never_built) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and err.startswith("error: record: no --out given")
@@ -524,7 +529,7 @@ def test_cli_record_without_out_in_a_checkout_targets_the_shipped_baseline(monke
     return Report(command="record", exit_code=2, error="stop here")
 
   monkeypatch.setattr(commands, "record", fake_record)
-  assert stamp.source_checkout() == Path(cli.__file__).resolve().parents[1]
+  assert stamp.source_checkout() == Path(nnx_pool.regression.__file__).resolve().parents[1]
   assert cli.main(["record", "--force"], batch=_batch([])) == 2
   assert seen == {"out": str(stamp.SHIPPED), "force": True}
 

@@ -93,7 +93,7 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics
 
 
 def test_rehearse_parser_reads_requirements_then_options():
-  args = cli._parser().parse_args([
+  args = cli.make_parser().parse_args([
       "rehearse", "jax==0.9.2", "flax>=0.12", "--baseline", "base", "--json", "r.json",
       "--no-cache", "-k", "avg_", "--dry-run", "--resolve", "--pytest", "tests/a.py",
       "tests/b.py"])
@@ -102,7 +102,7 @@ def test_rehearse_parser_reads_requirements_then_options():
   assert (args.baseline, args.json, args.pattern) == ("base", "r.json", "avg_")
   assert (args.cache, args.dry_run, args.html, args.resolve) == (False, True, None, True)
   assert args.pytest == ["tests/a.py", "tests/b.py"]
-  defaults = cli._parser().parse_args(["rehearse", "jax==0.9.2"])
+  defaults = cli.make_parser().parse_args(["rehearse", "jax==0.9.2"])
   assert (defaults.baseline, defaults.cache, defaults.pytest) == (str(SHIPPED), True, None)
   assert defaults.batch is True
   assert (defaults.resolve, defaults.clear_cache) == (False, False)

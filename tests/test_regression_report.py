@@ -158,8 +158,8 @@ def test_json_is_named_only_when_written():
 
 
 def test_cli_timing_flag_is_parsed():
-  assert cli._parser().parse_args(["check", "--timing"]).timing is True
-  assert cli._parser().parse_args(["check"]).timing is False
+  assert cli.make_parser().parse_args(["check", "--timing"]).timing is True
+  assert cli.make_parser().parse_args(["check"]).timing is False
 
 
 def test_from_json_reads_back_what_to_json_wrote():

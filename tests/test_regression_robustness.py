@@ -22,6 +22,7 @@ import pytest
 import nnx_pool.regression
 from nnx_pool.regression import cli, commands, runner, store
 from nnx_pool.regression.batch import Batch, Case, load_batch
+from nnx_pool.regression.cli.devices import with_device_count
 from nnx_pool.regression.compare import compare_arrays
 from nnx_pool.regression.store import BaselineError, read_baseline
 from nnx_pool.regression.tolerance import tolerance_for
@@ -350,9 +351,9 @@ def test_regression_devices_must_be_a_positive_integer(capsys):
 
 def test_regression_xla_flags_keep_other_flags_and_replace_the_device_count():
   flags = "--xla_cpu_use_thunk_runtime=false --xla_force_host_platform_device_count=2"
-  assert cli.with_device_count(flags, 8) == (
+  assert with_device_count(flags, 8) == (
       "--xla_cpu_use_thunk_runtime=false --xla_force_host_platform_device_count=8")
-  assert cli.with_device_count("", 4) == "--xla_force_host_platform_device_count=4"
+  assert with_device_count("", 4) == "--xla_force_host_platform_device_count=4"
 
 
 def test_regression_split_copies_divides_parameter_gradients_by_the_copies():
