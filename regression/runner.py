@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool.regression.compare import Verdict, compare_arrays
-from nnx_pool.regression.tolerance import Tolerance
+from .compare import Verdict, compare_arrays
+from .compare.tolerance import Tolerance
 
 Apply = Callable[..., Any]
 
