@@ -12,14 +12,17 @@ interpreter::
 
   .venv/bin/python tools/link_layout.py
 
-It writes ``<env>/nnx-pool-links/nnx_pool/``: a link to each ``nnx_pool/*.py``, ``*.pyi``
-and ``py.typed``, and ``nnx_pool/regression`` linking the ``regression/`` folder; and
-``nnx-pool-links.pth`` in the environment's site-packages, which puts the folder on
-``sys.path`` (where type checkers look, as Python does). An edit shows through the links at
-once, as does a file added to ``regression/``; a module added to ``nnx_pool/`` needs the
-script run again (``make typecheck`` runs it every time). Outside the repository Python
-imports the package through the links too, and a module added since falls through to the
-import hook, so it imports all the same.
+It writes ``<env>/nnx-pool-links/nnx_pool/``: a link to each of ``nnx_pool/``'s
+``*.py``, ``*.pyi``, ``py.typed`` and sub-packages, and ``nnx_pool/regression`` linking the
+``regression/`` folder; and ``nnx-pool-links.pth`` in the environment's site-packages. Its
+first line puts the folder on ``sys.path``, where type checkers look (pyright asks the
+interpreter for ``sys.path``). Its second line keeps Python from importing through the
+links: it moves the editable install's finder ahead of the path-based one, so ``nnx_pool``
+and ``nnx_pool.regression`` import from the repository's files, and a traceback or a
+module's ``__file__`` names ``nnx_pool/_pool.py``, not its link (site reads the ``.pth``
+files in name order, setuptools' ``__editable__`` one first). An edit shows through the
+links at once, as does a file added to ``regression/``; a module added to ``nnx_pool/``
+needs the script run again (``make typecheck`` runs it every time).
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = "nnx-pool-links"
 PATTERNS = ("*.py", "*.pyi", "py.typed")
+# The .pth line that moves setuptools' editable finder (its module is named
+# __editable___<project>_<version>_finder) ahead of the others; a .pth line starting with
+# "import" runs, and type checkers skip it.
+FINDER_FIRST = ('import sys; sys.meta_path.sort(key=lambda finder: not getattr(finder, '
+                '"__module__", "").startswith("__editable___nnx_pool_"))')
 
 
 def link_layout(prefix: Path, site_packages: Path) -> Path:
@@ -45,14 +53,15 @@ def link_layout(prefix: Path, site_packages: Path) -> Path:
   for pattern in PATTERNS:
     for file in sorted((ROOT / "nnx_pool").glob(pattern)):
       (package / file.name).symlink_to(file)
+  for folder in sorted((ROOT / "nnx_pool").glob("*/__init__.py")):
+    (package / folder.parent.name).symlink_to(folder.parent, target_is_directory=True)
   (package / "regression").symlink_to(ROOT / "regression", target_is_directory=True)
   shutil.rmtree(tree, ignore_errors=True)
   staging.rename(tree)
   pth = site_packages / f"{FOLDER}.pth"
-  pth.with_suffix(".tmp").write_text(f"{tree}\n")
+  pth.with_suffix(".tmp").write_text(f"{tree}\n{FINDER_FIRST}\n")
   os.replace(pth.with_suffix(".tmp"), pth)
   return tree
-
 
 if __name__ == "__main__":
   if sys.prefix == sys.base_prefix:
