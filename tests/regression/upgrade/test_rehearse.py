@@ -41,7 +41,7 @@ from nnx_pool.regression.upgrade import (
 )
 from nnx_pool.regression.upgrade.rehearse_plan import RehearsalError, Requirement, make_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 # The stand-in runs report jax 0.9.2; the change they show starts from the jax installed
 # here (0.10.2 in the main CI job, 0.7.0 in the floor job).
 REHEARSED_JAX = f"jax {importlib.metadata.version('jax')} -> 0.9.2 (rehearsal)"

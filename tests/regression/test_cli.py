@@ -2,7 +2,7 @@
 
 The stand-in cases are plain JAX functions and one ``nnx.Linear`` (for stored
 weights and parameter gradients), so these tests do not depend on the pooling
-modules; tests/test_regression_batch.py runs the real batch.
+modules; tests/regression/batch/test_batch.py runs the real batch.
 """
 
 import io
