@@ -23,10 +23,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Prints where nnx_pool and the module of MaxPool come from, then the files of the traceback
-# of a refused argument (raised inside nnx_pool), one a line.
+# Prints, as JSON, where nnx_pool, the kit and the module of MaxPool come from, and the files
+# of the traceback of a refused argument (raised inside nnx_pool).
 _WHERE = """\
 import importlib, json, traceback
+importlib.invalidate_caches()  # as pytest and others do: the links must stay skipped after it
 import nnx_pool, nnx_pool.regression
 module = importlib.import_module(nnx_pool.MaxPool.__module__)
 try:

@@ -14,13 +14,14 @@ interpreter::
 
 It writes ``<env>/nnx-pool-links/nnx_pool/``: a link to each of ``nnx_pool/``'s
 ``*.py``, ``*.pyi``, ``py.typed`` and sub-packages, and ``nnx_pool/regression`` linking the
-``regression/`` folder; and ``nnx-pool-links.pth`` in the environment's site-packages. Its
-first line puts the folder on ``sys.path``, where type checkers look (pyright asks the
-interpreter for ``sys.path``). Its second line keeps Python from importing through the
-links: it moves the editable install's finder ahead of the path-based one, so ``nnx_pool``
-and ``nnx_pool.regression`` import from the repository's files, and a traceback or a
-module's ``__file__`` names ``nnx_pool/_pool.py``, not its link (site reads the ``.pth``
-files in name order, setuptools' ``__editable__`` one first). An edit shows through the
+``regression/`` folder; and, in the environment's site-packages, ``nnx-pool-links.pth`` and
+the module its second line imports, ``_nnx_pool_links.py``. The ``.pth``'s first line puts
+the folder on ``sys.path``, where type checkers look (pyright asks the interpreter for
+``sys.path``, and skips a ``.pth`` line that imports). The module keeps Python from importing
+through the links: a path hook answers for the folder with a finder that finds nothing, so
+Python takes ``nnx_pool`` from wherever it would without the links (the editable install's
+hook: the repository's files; or an earlier ``sys.path`` entry, as before), and a traceback or
+a module's ``__file__`` names ``nnx_pool/_pool.py``, not its link. An edit shows through the
 links at once, as does a file added to ``regression/``; a module added to ``nnx_pool/``
 needs the script run again (``make typecheck`` runs it every time).
 """
@@ -36,11 +37,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = "nnx-pool-links"
 PATTERNS = ("*.py", "*.pyi", "py.typed")
-# The .pth line that moves setuptools' editable finder (its module is named
-# __editable___<project>_<version>_finder) ahead of the others; a .pth line starting with
-# "import" runs, and type checkers skip it.
-FINDER_FIRST = ('import sys; sys.meta_path.sort(key=lambda finder: not getattr(finder, '
-                '"__module__", "").startswith("__editable___nnx_pool_"))')
+HOOK = "_nnx_pool_links"  # the module the .pth imports, written beside it
+HOOK_SOURCE = '''"""Keeps Python from importing nnx_pool through the links type checkers read.
+
+Written by nnx-pool's tools/link_layout.py: the links folder stays on sys.path, where pyright
+finds the package, and this path hook answers for that folder with a finder that finds
+nothing, so Python imports nnx_pool as it would without the folder (the editable install's
+files, the repository's own).
+"""
+
+import sys
+
+LINKS = {links!r}
+
+
+class _Nothing:
+  """The finder of the links folder: it finds no module there."""
+
+  @staticmethod
+  def find_spec(fullname, target=None):
+    return None
+
+  @staticmethod
+  def invalidate_caches():
+    pass
+
+
+def links_hook(path):
+  """sys.path_hooks' entry: the empty finder for the links folder, no other path."""
+  if path != LINKS:
+    raise ImportError(path)
+  return _Nothing
+
+
+if not any(getattr(hook, "__name__", "") == "links_hook" for hook in sys.path_hooks):
+  sys.path_hooks.insert(0, links_hook)
+sys.path_importer_cache.pop(LINKS, None)
+'''
 
 
 def link_layout(prefix: Path, site_packages: Path) -> Path:
@@ -58,10 +91,15 @@ def link_layout(prefix: Path, site_packages: Path) -> Path:
   (package / "regression").symlink_to(ROOT / "regression", target_is_directory=True)
   shutil.rmtree(tree, ignore_errors=True)
   staging.rename(tree)
-  pth = site_packages / f"{FOLDER}.pth"
-  pth.with_suffix(".tmp").write_text(f"{tree}\n{FINDER_FIRST}\n")
-  os.replace(pth.with_suffix(".tmp"), pth)
+  _write(site_packages / f"{HOOK}.py", HOOK_SOURCE.format(links=str(tree)))
+  _write(site_packages / f"{FOLDER}.pth", f"{tree}\nimport {HOOK}\n")
   return tree
+
+
+def _write(path: Path, text: str) -> None:
+  """Replaces ``path`` whole (a temporary file renamed over it)."""
+  path.with_suffix(".tmp").write_text(text)
+  os.replace(path.with_suffix(".tmp"), path)
 
 if __name__ == "__main__":
   if sys.prefix == sys.base_prefix:
