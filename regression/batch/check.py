@@ -56,7 +56,7 @@ def check(
     reps: the most timed steady-state calls per case.
     devices: run sharded over this many devices (a mesh axis ``batch``): each
       stored batch is repeated once per device and every copy is compared
-      with the baseline (see :mod:`nnx_pool.regression.batch_runner`). None: one device.
+      with the baseline (see :mod:`nnx_pool.regression.batch.runner`). None: one device.
     axis_types: the mesh's axis type when ``devices`` is given,
       ``"explicit"`` (default) or ``"auto"``.
     progress: called as ``progress(n, total, name)`` before each selected case runs.
