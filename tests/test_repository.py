@@ -103,3 +103,11 @@ def test_the_kit_imports_its_own_modules_relatively():
       found += [f"{name}:{node.lineno}" for module in modules
                 if module == "nnx_pool.regression" or module.startswith("nnx_pool.regression.")]
   assert found == []
+
+
+def test_every_folder_of_the_kit_is_a_package():
+  # A folder of modules without __init__.py still imports (a namespace package), but has no
+  # docstring saying what the room holds.
+  folders = {(ROOT / name).parent for name in SOURCES if name.startswith("regression/")}
+  bare = [f.relative_to(ROOT).as_posix() for f in folders if not (f / "__init__.py").is_file()]
+  assert sorted(bare) == []
