@@ -48,14 +48,13 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
-# The tests marked `rehearsal` (`make test` leaves them out): `rehearse` installs jax and
-# jaxlib 0.9.2 (with flax 0.12.6, the newest flax that admits them) from the registry into
-# a fresh venv and checks the shipped baseline there (about a minute); `bisect` walks jax
-# 0.9.0 to 0.10.2 for a test that moves at 0.10.0 (three fresh environments, about three
-# minutes). Needs the network.
+# The tests marked `rehearsal`, wherever they lie under tests/ (`make test` leaves them out):
+# `rehearse` installs jax and jaxlib 0.9.2 (with flax 0.12.6, the newest flax that admits
+# them) from the registry into a fresh venv and checks the shipped baseline there (about a
+# minute); `bisect` walks jax 0.9.0 to 0.10.2 for a test that moves at 0.10.0 (three fresh
+# environments, about three minutes). Needs the network.
 test-rehearsal: $(STAMP)
-	$(BIN)/python -m pytest -m rehearsal tests/test_regression_rehearse.py \
-		tests/test_regression_bisect.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m rehearsal tests $(PYTEST_ARGS)
 
 # The tests marked `integration` (`make test` leaves them out): the 8-device sharding run,
 # the device check's dry run, the 8 M-parameter ResNet's baselines against issue 23's

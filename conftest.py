@@ -43,16 +43,16 @@ SLOW_FILES_FIRST = (
     "tests/test_sharding.py",
     "tests/test_robustness.py",
     "tests/test_pool.py",
-    "tests/test_regression_shipped.py",
+    "tests/regression/batch/test_shipped.py",
     "tests/test_pool_properties.py",
     "tests/test_backend.py",
     "tests/test_pool_torch.py",
     "tests/test_adaptive.py",
     "tests/test_install.py",
     "tests/test_errors_table.py",
-    "tests/test_regression_robustness.py",
+    "tests/regression/test_stress.py",
     "tests/test_gates.py",
-    "tests/test_regression_cli.py",
+    "tests/regression/test_cli.py",
 )
 
 

@@ -37,7 +37,7 @@ from flax import nnx
 
 import nnx_pool
 from benchmarks import run as bench
-from nnx_pool.regression.cli import _positive_int as positive_int
+from nnx_pool.regression.cli.parser import positive_int
 
 EXACT, CLOSE = 0.0, 1e-5
 

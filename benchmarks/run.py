@@ -38,7 +38,7 @@ import numpy as np
 
 import nnx_pool
 from benchmarks.cases import CASES, Case
-from nnx_pool.regression.cli import _positive_int as positive_int
+from nnx_pool.regression.cli.parser import positive_int
 
 try:
   import torch

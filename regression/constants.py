@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import re
 
+# The baseline format version this nnx-pool writes (and the newest it reads); here, not in
+# store/, so that `nnx_pool.regression.FORMAT_VERSION` loads without NumPy.
+FORMAT_VERSION = 3
+
 # The one mesh axis of a sharded check (`check --devices N`): the batch axis of the inputs.
 BATCH_AXIS = "batch"
 
@@ -23,6 +27,8 @@ NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # sets kept with store_params=True lie in `<baselines' parent>/_weights/<16 hex>/`.
 OBTAINED_SUFFIX = ".obtained"
 WEIGHTS_DIR = "_weights"
+# The fix a damaged fixture file (baseline, obtained file, weight set) names.
+FIXTURE_REDO = "re-record it (--nnx-regression-update)"
 
 
 def baseline_name_problem(name: object) -> str | None:

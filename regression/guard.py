@@ -12,8 +12,8 @@ The first call of a name records its baseline and returns an :class:`Outcome` sa
 (the fixture fails the test then, asking for a rerun); later calls compare with it and
 raise :class:`RegressionFailure`, whose message is the report, when anything moved. The
 pytest fixture (:mod:`nnx_pool.regression.pytest_plugin`) is this class with a path per
-test module and pytest's options. The numeric work is in
-:mod:`nnx_pool.regression._fixture_core`.
+test module and pytest's options. The numeric work is in the fixture's room,
+:mod:`nnx_pool.regression.fixture`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from typing import Any
 
 from flax import nnx
 
-from nnx_pool.regression import _fixture_core as core
-from nnx_pool.regression.constants import CHECK_ONLY_ENV, NAME, WEIGHTS_DIR, baseline_name_problem
-from nnx_pool.regression.report import Report, render
-from nnx_pool.regression.stamp import collect_stamp
-from nnx_pool.regression.store import BaselineError
+from .constants import CHECK_ONLY_ENV, NAME, WEIGHTS_DIR, baseline_name_problem
+from .fixture import comparison, files, running
+from .fixture.recording import Recording
+from .fixture.weight_sets import load_weight_set
+from .report import Report, render
+from .stamp import collect_stamp
+from .store import BaselineError
 
 # A failure's text lists at most this many rows, the worst first; the JSON and HTML all.
 MAX_ROWS = 20
@@ -56,7 +58,7 @@ class Outcome:
   path: Path
   message: str = ""
   report: Report | None = None
-  written: core.Written | None = None
+  written: files.Written | None = None
   obtained: Path | None = None
 
 
@@ -93,6 +95,13 @@ def _validate(name: Any, rtol: Any, atol: Any, allow_nonfinite: Any, store_param
                     f"{rename!r}.")
 
 
+def stamp_label(stamp: Mapping[str, Any]) -> str:
+  """``jax 0.10.2, flax 0.12.8, cpu`` for messages."""
+  versions = stamp.get("versions", {})
+  backend = stamp.get("backend", {})
+  return f"jax {versions.get('jax')}, flax {versions.get('flax')}, {backend.get('platform')}"
+
+
 def merged_keywords(call_kwargs: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
   """The keyword arguments a check passes to the model: ``**kwargs`` and ``call_kwargs``
   (for names that are the check's own options, :data:`OWN_OPTIONS`), which may not share
@@ -109,7 +118,7 @@ def merged_keywords(call_kwargs: Any, kwargs: Mapping[str, Any]) -> dict[str, An
   return {**kwargs, **call_kwargs}
 
 
-def _told(outcome: Outcome, rec: core.Recording | None, name: str) -> Outcome:
+def _told(outcome: Outcome, rec: Recording | None, name: str) -> Outcome:
   """Warns what a check has to say without failing: a refactor that passed (its headline's
   one line), results recorded with a floored tolerance."""
   report = outcome.report
@@ -208,12 +217,12 @@ class Guard:
     if store_params and not isinstance(module_or_fn, nnx.Module):
       raise TypeError(f"`store_params=True` needs an nnx.Module; got "
                       f"{type(module_or_fn).__name__}, which has no parameters to store.")
-    recs: list[core.Recording] = []
+    recs: list[Recording] = []
 
-    def execute(weights: Any) -> core.Recording:
-      recs.append(core.execute(module_or_fn, inputs, rtol=rtol, atol=atol, weights=weights,
-                               store_params=store_params, kwargs=keywords, eager=eager,
-                               rename=rename))
+    def execute(weights: Any) -> Recording:
+      recs.append(running.execute(module_or_fn, inputs, rtol=rtol, atol=atol, weights=weights,
+                                  store_params=store_params, kwargs=keywords, eager=eager,
+                                  rename=rename))
       return recs[-1]
 
     return _told(self._run(name, allow_nonfinite, store_params, execute),
@@ -247,12 +256,12 @@ class Guard:
     __tracebackhide__ = True
     _validate(name, rtol, atol, allow_nonfinite, store_params, eager, rename)
     keywords = merged_keywords(call_kwargs, kwargs)
-    recs: list[core.Recording] = []
+    recs: list[Recording] = []
 
-    def execute(weights: Any) -> core.Recording:
-      recs.append(core.execute_grad(loss_fn, model, inputs, wrt=wrt, rtol=rtol, atol=atol,
-                                    weights=weights, store_params=store_params,
-                                    kwargs=keywords, eager=eager, rename=rename))
+    def execute(weights: Any) -> Recording:
+      recs.append(running.execute_grad(loss_fn, model, inputs, wrt=wrt, rtol=rtol, atol=atol,
+                                       weights=weights, store_params=store_params,
+                                       kwargs=keywords, eager=eager, rename=rename))
       return recs[-1]
 
     return _told(self._run(name, allow_nonfinite, store_params, execute),
@@ -264,7 +273,7 @@ class Guard:
     return RegressionFailure(Outcome("refused", path, f"nnx_regression: {message}"))
 
   def _run(self, name: str, allow_nonfinite: bool, store_params: bool,
-           execute: Callable[[Any], core.Recording]) -> Outcome:
+           execute: Callable[[Any], Recording]) -> Outcome:
     __tracebackhide__ = True
     problem = baseline_name_problem(name)
     if problem:
@@ -285,9 +294,9 @@ class Guard:
     base, weights = None, None
     if compare:
       try:
-        base = core.load(path)
+        base = files.load(path)
         if store_params and base.manifest.get("weights_set"):
-          base_weights = core.load_weight_set(path, base.manifest)
+          base_weights = load_weight_set(path, base.manifest)
           weights = base_weights[1]
       except BaselineError as e:
         raise self._refuse(path, str(e)) from None
@@ -299,13 +308,13 @@ class Guard:
       raise self._refuse(path, f"{name!r}: {e}") from None
     if compare:
       return self._compare(name, path, base, rec, store_params)
-    nonfinite = None if allow_nonfinite else core.nonfinite_outputs(rec)
+    nonfinite = None if allow_nonfinite else running.nonfinite_outputs(rec)
     if nonfinite:
       raise self._refuse(path, (
           f"{name!r} was not recorded: its outputs are not all finite ({nonfinite}). Fix the "
           "model, or pass allow_nonfinite=True if they should be."))
     try:
-      written = core.write(path, rec, self.stamp, nodeid=self.test, name=name)
+      written = files.write(path, rec, self.stamp, nodeid=self.test, name=name)
     except OSError as e:  # a read-only tree, a full disk, a directory holding other files
       raise self._refuse(path, f"{name!r} was not recorded: could not write {path} "
                          f"({e.strerror or e}); nothing was replaced.") from None
@@ -314,36 +323,36 @@ class Guard:
                      f"({written.describe()}).", written=written)
     return Outcome("written", path, (
         f"nnx_regression: no baseline for {name!r}; wrote one to {path} ({written.describe()}; "
-        f"{core.stamp_label(self.stamp)}). Rerun to compare."), written=written)
+        f"{stamp_label(self.stamp)}). Rerun to compare."), written=written)
 
-  def _compare(self, name: str, path: Path, base: Any, rec: core.Recording,
+  def _compare(self, name: str, path: Path, base: Any, rec: Recording,
                store_params: bool) -> Outcome:
     __tracebackhide__ = True
     if rec.fresh is not None:
       rec.weights_set = base.manifest.get("weights_set")
-    report = core.compare(base, rec, self.stamp, name=name)
+    report = comparison.compare(base, rec, self.stamp, name=name)
     if store_params and not base.manifest.get("weights_set"):
       report.notes.append("store_params=True, but the baseline holds no weights (recorded "
                           "without it): the model ran on its own; pass --nnx-regression-update "
                           "to store them")
     if report.exit_code == 0:
       if not self.check_only:  # check-only mode writes and removes nothing in the tree
-        core.remove_obtained(path)
+        files.remove_obtained(path)
       return Outcome("passed", path, report=report)
     obtained = self._keep_obtained(name, path, rec, report)
     message = (f"nnx_regression: {name!r} differs from its baseline {path}\n"
                f"{render(report, limit=MAX_ROWS)}")
     raise RegressionFailure(Outcome("failed", path, message, report, obtained=obtained))
 
-  def _keep_obtained(self, name: str, path: Path, rec: core.Recording,
+  def _keep_obtained(self, name: str, path: Path, rec: Recording,
                      report: Report) -> Path | None:
     """Writes what a failing check obtained, and says where in a note of the report; a write
     that fails is that one note, and the report stays whole. In check-only mode the file
     goes to a temporary directory, never beside the baseline."""
-    where = None if self.check_only else core.obtained_path(path)
+    where = None if self.check_only else files.obtained_path(path)
     try:
-      obtained = core.write_obtained(path, rec, self.stamp, nodeid=self.test, name=name,
-                                     check_only=self.check_only)
+      obtained = files.write_obtained(path, rec, self.stamp, nodeid=self.test, name=name,
+                                      check_only=self.check_only)
     except OSError as e:  # a read-only tree, a full disk: the report matters more
       report.notes.append(
           f"what this run obtained was not written ({where or 'a temporary directory'}: "

@@ -51,7 +51,7 @@ from typing import Any
 
 import pytest
 
-from nnx_pool.regression.constants import CHECK_ONLY_ENV, OBTAINED_SUFFIX, baseline_name_problem
+from .constants import CHECK_ONLY_ENV, OBTAINED_SUFFIX, baseline_name_problem
 
 KIND = "pytest"
 DIRNAME = "_regression"
@@ -247,8 +247,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def write_page(baselines: list[Any], page: Path) -> str:
   """Writes the HTML page of the failing checks listed (each a baseline's path, or ``(path,
   obtained)``); what to print."""
-  from nnx_pool.regression import html
-  from nnx_pool.regression._fixture_core import session_report
+  from .fixture.from_disk import session_report
+  from .report import html
 
   report = session_report(baselines)
   try:
@@ -430,10 +430,10 @@ class Regression:
           f"{holder}). Nothing was compared or written."
       )
     self._state.used[key] = nodeid
-    from nnx_pool.regression.guard import Guard, RegressionFailure
+    from .guard import Guard, RegressionFailure
 
     if self._state.stamp is None:
-      from nnx_pool.regression.stamp import collect_stamp
+      from .stamp import collect_stamp
 
       self._state.stamp = collect_stamp(git_dir=self._request.config.rootpath)
     guard = Guard(path.parent, update=self._state.update, check_only=self._state.check_only,

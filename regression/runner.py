@@ -3,9 +3,9 @@
 :func:`evaluate` compiles a callable, warms it up, times it, and records its
 jit and eager results; :func:`settle` gives each result its tolerance and says
 whether jit and eager agree; :func:`compare_results` checks each result against
-a baseline's. :mod:`nnx_pool.regression.batch_runner` runs one batch case through
+a baseline's. :mod:`nnx_pool.regression.batch.runner` runs one batch case through
 the first two, plus gradients for a fixed cotangent;
-``nnx_pool.regression._fixture_core`` runs a user's module through the same three.
+``nnx_pool.regression.fixture.running`` runs a user's module through the same three.
 
 Everything a run computes is returned as NumPy arrays keyed by role:
 
@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool.regression.compare import Verdict, compare_arrays
-from nnx_pool.regression.tolerance import Tolerance
+from .compare import Verdict, compare_arrays
+from .compare.tolerance import Tolerance
 
 Apply = Callable[..., Any]
 
@@ -116,7 +116,7 @@ def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
       given as keyword arguments, traced under ``jax.jit``).
     observe: for a module, a context manager factory entered around each call of the merged
       copy, given that copy (the fixture records the submodules' calls of the jit trace
-      with :func:`~nnx_pool.regression.model_state.capture`, instead of tracing them again).
+      with :func:`~nnx_pool.regression.fixture.model_state.capture`, instead of tracing them again).
 
   Returns:
     ``(apply, params, rest)``; ``params`` and ``rest`` are ``nnx.State`` objects, or None

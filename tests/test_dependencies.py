@@ -14,7 +14,7 @@ LOCAL = {"nnx_pool", "benchmarks", "conftest", "make_figures", "_sharding_worker
          "_effnet", "link_layout"}
 # Installed code may import an optional extra's distribution only in the modules
 # named here, and only inside functions, so that the kit runs without the extra.
-OPTIONAL = {"matplotlib": ("report", ["regression/html.py"])}
+OPTIONAL = {"matplotlib": ("report", ["regression/report/html.py"])}
 
 
 def _normalise(name: str) -> str:

@@ -110,6 +110,10 @@ def test_wheel_installs_one_top_level_package_with_the_baseline(wheel):
   tops = {n.split("/")[0] for n in names}
   assert {t for t in tops if not t.endswith(".dist-info")} == {"nnx_pool"}
   assert "nnx_pool/regression/baseline/manifest.json" in names
+  # Every module of the kit's rooms (pyproject.toml lists each sub-package).
+  kit = {f"nnx_pool/regression/{p.relative_to(ROOT / 'regression').as_posix()}"
+         for p in (ROOT / "regression").rglob("*.py") if "__pycache__" not in p.parts}
+  assert sorted(kit - set(names)) == []
   assert [n for n in names if n.startswith("nnx_pool/regression/baseline/arrays")]
   assert "nnx_regression = nnx_pool.regression.pytest_plugin" in entry_points
   assert "nnx-pool-regression = nnx_pool.regression.cli:main" in entry_points

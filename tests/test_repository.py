@@ -64,3 +64,50 @@ def test_every_public_module_has_a_page_on_the_site():
                and any(getattr(t, "id", None) == "AREAS" for t in node.targets))
   listed = {module for area in ast.literal_eval(areas) for module in area[2]}
   assert sorted(set(nnx_pool._WHERE.values()) - listed) == []
+
+
+# One job a file: no module of the package or of the kit holds more than this many lines
+# (the NumPy mirror, nnx_pool/reference.py, one function per module of the library, aside).
+MAX_LINES = 500
+LONG_ALLOWED = {"nnx_pool/reference.py"}
+SOURCES = sorted(path.relative_to(ROOT).as_posix()
+                 for folder in ("nnx_pool", "regression") for path in (ROOT / folder).rglob("*.py")
+                 if "__pycache__" not in path.parts)
+
+
+@pytest.mark.parametrize("name", [n for n in SOURCES if n not in LONG_ALLOWED])
+def test_no_module_is_longer_than_500_lines(name):
+  lines = len((ROOT / name).read_text().splitlines())
+  assert lines <= MAX_LINES, f"{name} has {lines} lines: split it by job"
+
+
+def test_the_line_count_sees_the_modules_of_every_folder():
+  assert "regression/cli/dispatch.py" in SOURCES and "nnx_pool/__init__.py" in SOURCES
+  assert "regression/fixture/model_state/state.py" in SOURCES and LONG_ALLOWED <= set(SOURCES)
+
+
+def test_the_kit_imports_its_own_modules_relatively():
+  # regression/ is installed as nnx_pool.regression: a name that exists only once installed.
+  # Inside the folder every import of the kit is relative (`from .store import ...`), so the
+  # folder reads as itself; the library under test, `nnx_pool`, is imported by its name.
+  import ast
+
+  found = []
+  for name in SOURCES:
+    if not name.startswith("regression/"):
+      continue
+    for node in ast.walk(ast.parse((ROOT / name).read_text(), name)):
+      modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                 else [])
+      found += [f"{name}:{node.lineno}" for module in modules
+                if module == "nnx_pool.regression" or module.startswith("nnx_pool.regression.")]
+  assert found == []
+
+
+def test_every_folder_of_the_kit_is_a_package():
+  # A folder of modules without __init__.py still imports (a namespace package), but has no
+  # docstring saying what the room holds.
+  folders = {(ROOT / name).parent for name in SOURCES if name.startswith("regression/")}
+  bare = [f.relative_to(ROOT).as_posix() for f in folders if not (f / "__init__.py").is_file()]
+  assert sorted(bare) == []

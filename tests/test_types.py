@@ -322,7 +322,9 @@ def test_each_misuse_is_reported_on_its_line(diagnostics):
 
 def test_the_links_lay_out_the_package_as_installed(tmp_path):
   # tools/link_layout.py into a stand-in environment: every module of nnx_pool/ linked, the
-  # regression/ folder as nnx_pool/regression, and a .pth naming the folder.
+  # regression/ folder as nnx_pool/regression, and a .pth naming the folder; its other line
+  # imports the path hook written beside it, which Python runs and type checkers skip
+  # (tests/test_editable.py checks what it does).
   sys.path.insert(0, str(ROOT / "tools"))
   try:
     from link_layout import link_layout
@@ -331,7 +333,9 @@ def test_the_links_lay_out_the_package_as_installed(tmp_path):
   (tmp_path / "site-packages").mkdir()
   tree = link_layout(tmp_path, tmp_path / "site-packages")
   package = tree / "nnx_pool"
-  assert (tmp_path / "site-packages" / "nnx-pool-links.pth").read_text() == f"{tree}\n"
+  first, *rest = (tmp_path / "site-packages" / "nnx-pool-links.pth").read_text().splitlines()
+  assert first == str(tree) and rest == ["import _nnx_pool_links"]
+  assert (tmp_path / "site-packages" / "_nnx_pool_links.py").is_file()
   assert sorted(p.name for p in package.iterdir() if p.suffix in (".py", ".pyi")) == sorted(
       p.name for p in (ROOT / "nnx_pool").iterdir() if p.suffix in (".py", ".pyi"))
   assert all(p.is_symlink() for p in package.iterdir())

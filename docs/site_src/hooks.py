@@ -181,7 +181,7 @@ def cli_page() -> str:
   """Every command and option of ``nnx-pool-regression``, from the parser ``main`` runs."""
   from nnx_pool.regression import cli
 
-  parser = cli._parser()
+  parser = cli.make_parser()
   commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
   helps = {action.dest: action.help for action in commands._choices_actions}
   lines = ["# Command line\n",

@@ -7,8 +7,9 @@ install's import hook, so they read a copy laid out as installed::
 
   python docs/site_src/installed_layout.py build/typecheck
 
-writes ``build/typecheck/nnx_pool/`` (``nnx_pool/*.py``, ``*.pyi``, ``py.typed``) and
-``build/typecheck/nnx_pool/regression/`` (``regression/*.py``), replacing what was there.
+writes ``build/typecheck/nnx_pool/`` (``nnx_pool/**/*.py``, ``*.pyi``, ``py.typed``) and
+``build/typecheck/nnx_pool/regression/`` (``regression/**/*.py``, its sub-packages with their
+folders), replacing what was there.
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ def lay_out(dest: Path) -> Path:
     folder = dest.joinpath(*parts)
     folder.mkdir(parents=True, exist_ok=True)
     for pattern in PATTERNS:
-      for file in sorted(source.glob(pattern)):
-        shutil.copy2(file, folder / file.name)
+      for file in sorted(source.rglob(pattern)):
+        if "__pycache__" in file.parts:
+          continue
+        target = folder / file.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(file, target)
   return dest
 
 
