@@ -21,6 +21,7 @@ places padding as lax and Flax do.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import textwrap
 from collections.abc import Callable
@@ -168,19 +169,9 @@ def _lp(inputs, window: Window, norm_type: float, in_features, name, owner=None)
 # ----------------------------------------------------------------------------
 
 
-class _Required:
-  """The default of the functions' ``strides``: there is none (:func:`_check_strides_given`)."""
-
-  def __repr__(self) -> str:
-    return "<required>"
-
-
-REQUIRED: Any = _Required()
-
-
 def _check_strides_given(strides, window_shape, kind: str) -> None:
   """Refuses an omitted (or None) ``strides``, whose default Flax and PyTorch disagree on."""
-  if strides is not REQUIRED and strides is not None:
+  if strides is not _OMITTED and strides is not None:
     return
   got = "got None" if strides is None else "was omitted"
   module = {"avg": "AvgPool", "max": "MaxPool", "min": "MinPool"}[kind]
@@ -192,9 +183,29 @@ def _check_strides_given(strides, window_shape, kind: str) -> None:
   )
 
 
+_OMITTED = object()
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _strides_required(fn: _F) -> _F:
+  """``fn``, whose ``strides`` (its third argument) is required in its signature, with an
+  omitted one refused by :func:`_check_strides_given`'s message rather than Python's."""
+  kind = fn.__name__.removesuffix("_pool")
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    if len(args) < 3 and "strides" not in kwargs:
+      window_shape = args[1] if len(args) > 1 else kwargs.get("window_shape")
+      _check_strides_given(_OMITTED, window_shape, kind)
+    return fn(*args, **kwargs)
+
+  return cast(_F, wrapper)
+
+
 @flax_names
+@_strides_required
 def avg_pool(
-    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+    inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
     padding: PaddingLike = "VALID", *,
     num_spatial_dims: int | None = None, ceil_mode: bool = False,
     count_include_pad: bool = True, divisor_override: int | None = None,
@@ -235,19 +246,19 @@ class _SelectFunction(Protocol):
 
   @overload
   def __call__(
-      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = ...,
+      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
       padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
       dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[False] = False,
       in_features: int | None = None) -> jax.Array: ...
   @overload
   def __call__(
-      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = ...,
+      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
       padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
       dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: Literal[True],
       in_features: int | None = None) -> ValuesAndIndices: ...
   @overload
   def __call__(
-      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = ...,
+      self, inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
       padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
       dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool,
       in_features: int | None = None) -> jax.Array | ValuesAndIndices: ...
@@ -260,7 +271,8 @@ def _select_function(fn: Callable[..., Any]) -> _SelectFunction:
 
 
 @_select_function
-def max_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+@_strides_required
+def max_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
              padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
              dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
              in_features: int | None = None) -> jax.Array | ValuesAndIndices:
@@ -285,7 +297,8 @@ def max_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQU
 
 
 @_select_function
-def min_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike = REQUIRED,
+@_strides_required
+def min_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
              padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
              dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
              in_features: int | None = None) -> jax.Array | ValuesAndIndices:

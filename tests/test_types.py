@@ -232,6 +232,9 @@ pool()  # expect: reportCallIssue
 pool(x, x)  # expect: reportCallIssue
 count: int = AvgPool(2)(x)  # expect: reportAssignmentType
 F.avg_pool(x, (2, 2), None)  # expect: reportArgumentType
+F.avg_pool(x, (2, 2))  # expect: reportCallIssue
+F.max_pool(x, 3)  # expect: reportCallIssue
+F.min_pool(x, 3, padding=1)  # expect: reportCallIssue
 F.max_pool(x, (2, "2"), 2)  # expect: reportArgumentType
 F.max_pool(x, 2, 2, return_indices=True).shape  # expect: reportAttributeAccessIssue
 values, indices, extra = F.max_pool(x, 2, 2, return_indices=True)  # expect: reportAssignmentType
