@@ -265,13 +265,12 @@ class _SelectFunction(Protocol):
 
 
 def _select_function(fn: Callable[..., Any]) -> _SelectFunction:
-  """``fn`` with :func:`~nnx_pool._args.flax_names`, typed with :class:`_SelectFunction`'s
-  overloads."""
-  return flax_names(fn)
+  """``fn`` with :func:`~nnx_pool._args.flax_names` and :func:`_strides_required`, typed with
+  :class:`_SelectFunction`'s overloads."""
+  return flax_names(_strides_required(fn))
 
 
 @_select_function
-@_strides_required
 def max_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
              padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
              dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
@@ -297,7 +296,6 @@ def max_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
 
 
 @_select_function
-@_strides_required
 def min_pool(inputs: jax.Array, window_shape: SizeLike, strides: SizeLike,
              padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
              dilation: SizeLike = 1, ceil_mode: bool = False, return_indices: bool = False,
