@@ -41,8 +41,8 @@ import numpy as np
 from flax import nnx
 from flax.typing import Dtype
 
-from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names, is_int
-from nnx_pool._layout import (
+from ._args import check_bool, check_number, check_positive_int, flax_names, is_int
+from ._layout import (
   as_array,
   check_dtype,
   check_features,
@@ -50,8 +50,8 @@ from nnx_pool._layout import (
   prepare,
   unbatch,
 )
-from nnx_pool._numerics import accumulation_dtype, mean
-from nnx_pool._torch_state import TORCH_KEYS, load
+from ._numerics import accumulation_dtype, mean
+from ._torch_state import TORCH_KEYS, load
 
 # timm's LayerNorm (timm/layers/norm.py), the norm_layer a ViT gives its MAP head.
 _LAYER_NORM_EPS = 1e-6

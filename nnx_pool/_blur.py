@@ -53,12 +53,12 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool._args import flax_names, is_int
-from nnx_pool._geometry import SizeLike, as_tuple, check_padded_size, spatial_dims
-from nnx_pool._jit import kernel, may_split_space
-from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
-from nnx_pool._numerics import accumulation_dtype
-from nnx_pool._taps import splits_boxes
+from ._args import flax_names, is_int
+from ._geometry import SizeLike, as_tuple, check_padded_size, spatial_dims
+from ._jit import kernel, may_split_space
+from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
+from ._numerics import accumulation_dtype
+from ._taps import splits_boxes
 
 # F.pad's mode names and jnp.pad's for the same padding.
 PAD_MODES = {"reflect": "reflect", "constant": "constant", "replicate": "edge",

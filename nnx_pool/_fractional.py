@@ -59,10 +59,10 @@ from flax import nnx
 from jax import lax
 from jax.typing import ArrayLike
 
-from nnx_pool._args import check_bool, flax_names
-from nnx_pool._geometry import SizeLike, as_tuple, spatial_dims
-from nnx_pool._jit import kernel
-from nnx_pool._layout import (
+from ._args import check_bool, flax_names
+from ._geometry import SizeLike, as_tuple, spatial_dims
+from ._jit import kernel
+from ._layout import (
   as_array,
   check_in_features,
   check_nonempty_spatial,
@@ -70,7 +70,7 @@ from nnx_pool._layout import (
   prepare,
   unbatch,
 )
-from nnx_pool._select import Out, ValuesAndIndices, replaces
+from ._select import Out, ValuesAndIndices, replaces
 
 # Which sample of a plane (PyTorch's ``_random_samples[n, c, :]``) drives each spatial dim.
 SAMPLE_OF_DIM = {1: (0,), 2: (1, 0), 3: (0, 1, 2)}

@@ -36,8 +36,8 @@ from typing import Literal, overload
 
 import numpy as np
 
-from nnx_pool._args import check_bool, check_num_spatial_dims, is_int
-from nnx_pool._layout import rank_message
+from ._args import check_bool, check_num_spatial_dims, is_int
+from ._layout import rank_message
 
 # The largest window, stride, dilation or padding entry: sizes are int64 in XLA and PyTorch.
 MAX_SIZE = 2**63 - 1

@@ -38,10 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool._adjoint import gather
-from nnx_pool._args import check_bool, flax_names
-from nnx_pool._blur import check_torch_pads, torch_pad
-from nnx_pool._geometry import (
+from ._adjoint import gather
+from ._args import check_bool, flax_names
+from ._blur import check_torch_pads, torch_pad
+from ._geometry import (
   Geometry,
   PaddingLike,
   SizeLike,
@@ -50,9 +50,9 @@ from nnx_pool._geometry import (
   refuse_flat_padding,
   spatial_dims,
 )
-from nnx_pool._jit import kernel
-from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
-from nnx_pool._taps import taps
+from ._jit import kernel
+from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
+from ._taps import taps
 
 Pads = tuple[tuple[int, int], ...]
 

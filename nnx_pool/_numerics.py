@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from nnx_pool._jit import kernel
+from ._jit import kernel
 
 
 def accumulation_dtype(dtype) -> jnp.dtype:

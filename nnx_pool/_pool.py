@@ -33,9 +33,9 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names
-from nnx_pool._backend import current_implementation
-from nnx_pool._geometry import (
+from ._args import check_bool, check_number, check_positive_int, flax_names
+from ._backend import current_implementation
+from ._geometry import (
   MAX_SIZE,
   Geometry,
   PaddingLike,
@@ -43,11 +43,11 @@ from nnx_pool._geometry import (
   Window,
   check_padded_size,
 )
-from nnx_pool._jit import kernel
-from nnx_pool._layout import check_in_features, check_plane_indexable, prepare, unbatch
-from nnx_pool._numerics import accumulation_dtype, true_divide
-from nnx_pool._select import Kind, Out, ValuesAndIndices, flat_indices, identity
-from nnx_pool._separable import select, window_sum
+from ._jit import kernel
+from ._layout import check_in_features, check_plane_indexable, prepare, unbatch
+from ._numerics import accumulation_dtype, true_divide
+from ._select import Kind, Out, ValuesAndIndices, flat_indices, identity
+from ._separable import select, window_sum
 
 
 def _spatial(divisor: np.ndarray) -> np.ndarray:

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool._args import flax_names
-from nnx_pool._geometry import (
+from ._args import flax_names
+from ._geometry import (
   IntLike,
   PaddingLike,
   SizeLike,
@@ -24,8 +24,8 @@ from nnx_pool._geometry import (
   as_tuple,
   effective_window,
 )
-from nnx_pool._jit import kernel
-from nnx_pool._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
+from ._jit import kernel
+from ._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
 
 
 def default_output_size(window: Window, input_size: Sequence[int]) -> tuple[int, ...]:

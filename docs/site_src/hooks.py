@@ -48,7 +48,7 @@ log = logging.getLogger("mkdocs.hooks.nnx_pool")
 AREAS = (
     ("window-pools", "Window pools", ("_pool",),
      "Average, max, min and LP pooling over 1, 2 or 3 spatial dims."),
-    ("global-adaptive", "Global, adaptive and selectable pools", ("_adaptive",),
+    ("global-adaptive", "Global, adaptive and selectable pools", ("_global", "_adaptive"),
      "Pooling to a fixed output size, whatever the input's."),
     ("unpooling", "Unpooling", ("_unpool",),
      "The inverse scatter of a max pool's indices."),
