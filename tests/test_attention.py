@@ -1,4 +1,4 @@
-"""Tests for the attention pooling heads (nnx_pool._attention).
+"""Tests for the attention pooling heads (nnx_pool._attention_pool, nnx_pool._latent_pool).
 
 Each expectation says where it comes from: a hand computation, a float64 NumPy
 statement of the head written here, or PyTorch 2.13 CPU running a re-statement
@@ -26,13 +26,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_pool._attention import (
-  AttentionPool,
-  AttentionPoolLatent,
-  antialiased_bicubic_weights,
-  attend,
-  resample_pos_embed,
-)
+from nnx_pool import AttentionPool, AttentionPoolLatent
+from nnx_pool._attention import attend
+from nnx_pool._pos_embed import antialiased_bicubic_weights, resample_pos_embed
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 _TOL = 1e-5  # the issue's bound, values and gradients

@@ -53,7 +53,7 @@ AREAS = (
     ("unpooling", "Unpooling", ("_unpool",),
      "The inverse scatter of a max pool's indices."),
     ("attention-generalized", "Attention and generalized pools",
-     ("_attention", "_generalized", "_blur", "_median", "_fractional"),
+     ("_attention_pool", "_latent_pool", "_generalized", "_blur", "_median", "_fractional"),
      "Pools with parameters or a rule other than a window's mean or extremum."),
     ("gates", "Gates", ("_gates", "_squeeze_excite", "_eca", "_cbam", "_context_gates"),
      "Channel and spatial gates, each loading PyTorch weights with `from_torch`."),
