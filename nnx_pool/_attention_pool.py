@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -29,16 +29,15 @@ from ._pos_embed import resample_pos_embed
 from ._torch_state import TORCH_KEYS, load
 
 
-def _check_out_features(value) -> int | None:
-  """None, 0 (no projection, timm's pre-logits mode) or a positive width."""
+def _check_width(value, name: str) -> int | None:
+  """``out_features`` or ``reset``'s ``num_classes``: None, 0 (no projection) or a width."""
   if value is None:
     return None
+  expected = "None, 0 (no output projection) or a positive int"
   if not is_int(value):
-    raise TypeError(
-        f"`out_features` must be None, 0 (no output projection) or a positive int; got {value!r}.")
+    raise TypeError(f"`{name}` must be {expected}; got {value!r}.")
   if value < 0:
-    raise ValueError(
-        f"`out_features` must be None, 0 (no output projection) or a positive int; got {value!r}.")
+    raise ValueError(f"`{name}` must be {expected}; got {value!r}.")
   return int(value)
 
 
@@ -73,6 +72,11 @@ class AttentionPool(nnx.Module):
   kept). With ``pool_type="token"`` only the first token's query is computed (the
   other tokens' outputs are not returned), as in CLIP's original ``query=x[:1]``.
 
+  As timm's head, it gives the pooled features before ``proj`` when called with
+  ``pre_logits=True`` (``proj`` kept, for a later call without it), and :meth:`reset`
+  replaces ``proj`` by a new one of another width (a new class count), every other
+  weight kept.
+
   Example usage::
 
     >>> import jax.numpy as jnp
@@ -97,8 +101,10 @@ class AttentionPool(nnx.Module):
     in_features: the channel count ``C`` of the map.
     feat_size: the map size ``(H, W)`` (or ``H`` for a square) the position embedding
       is learned for (default 7).
-    out_features: the output width (default None: ``in_features``); 0 leaves out the
-      projection (timm's pre-logits mode), so the output is ``embed_dim`` wide.
+    out_features: the output width (default None: ``in_features``); 0 builds the head
+      without ``proj`` (timm's ``out_features=0``), so the output is ``embed_dim`` wide.
+      For the features before the projection of a head that has one, call it with
+      ``pre_logits=True``; for another width, :meth:`reset` it.
     embed_dim: the width of q, k and v (default None: ``in_features``).
     head_dim: the width of a head, used when ``num_heads`` is None (default 64).
     num_heads: the number of heads (default None: ``embed_dim // head_dim``).
@@ -127,7 +133,7 @@ class AttentionPool(nnx.Module):
     module = "AttentionPool"
     self.in_features = check_positive_int(in_features, "in_features")
     self.feat_size = _check_feat_size(feat_size)
-    out_features = _check_out_features(out_features)
+    out_features = _check_width(out_features, "out_features")
     self.embed_dim = check_positive_int(embed_dim, "embed_dim", optional=True) or in_features
     self.num_heads, self.head_dim = check_heads(self.embed_dim, num_heads, head_dim, module)
     qkv_bias = check_bool(qkv_bias, "qkv_bias")
@@ -144,8 +150,8 @@ class AttentionPool(nnx.Module):
                                  kernel_init=trunc_normal(std), rngs=rngs)
     self.q, self.k, self.v = (nnx.Linear(self.in_features, self.embed_dim, **layer)
                               for _ in range(3))
-    self.proj = (nnx.Linear(self.embed_dim, self.out_features, dtype=dtype,
-                            param_dtype=param_dtype, rngs=rngs) if out_features != 0 else None)
+    self.proj = (self._projection(self.out_features, param_dtype, rngs) if out_features != 0
+                 else None)
     tokens = self.feat_size[0] * self.feat_size[1] + 1
     self.pos_embed = nnx.Param(trunc_normal(std)(rngs.params(), (tokens, self.in_features),
                                             param_dtype))
@@ -154,13 +160,66 @@ class AttentionPool(nnx.Module):
     self.cls_token = (nnx.Param(jnp.zeros((1, self.in_features), param_dtype))
                       if class_token else None)
 
-  def __call__(self, inputs: jax.Array) -> jax.Array:
+  def _projection(self, width: int, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    """``proj``: a Linear from ``embed_dim`` to ``width`` (PyTorch's and Flax's own init)."""
+    return nnx.Linear(self.embed_dim, width, dtype=self.dtype, param_dtype=param_dtype,
+                      rngs=rngs)
+
+  # A new projection needs random streams; 0 (none) or None (the width kept) does not.
+  @overload
+  def reset(self, num_classes: Literal[0] | None = None, *,
+            pool_type: str | None = None) -> None: ...
+  @overload
+  def reset(self, num_classes: int, *, rngs: nnx.Rngs, pool_type: str | None = None) -> None: ...
+  def reset(self, num_classes: int | None = None, *, rngs: nnx.Rngs | None = None,
+            pool_type: str | None = None) -> None:
+    """timm's ``reset``: a new ``proj`` to ``num_classes`` outputs, every other weight kept.
+
+    ``num_classes`` 0 removes ``proj`` (the output is then ``embed_dim`` wide, timm's
+    ``nn.Identity``); None keeps it. The new projection is initialised as the
+    constructor's, from ``rngs``, in the head's ``dtype`` and parameter dtype.
+    ``pool_type``, when given, is set too. The head's graph changes, so an optimizer
+    built over its parameters is to be built again (as in PyTorch).
+
+    Example usage::
+
+      >>> from flax import nnx
+      >>> from nnx_pool import AttentionPool
+      >>> pool = AttentionPool(8, feat_size=2, num_heads=2, rngs=nnx.Rngs(0))
+      >>> pool.reset(10, rngs=nnx.Rngs(1))
+      >>> pool.proj.kernel.shape, pool.out_features
+      ((8, 10), 10)
+    """
+    module = type(self).__name__
+    if pool_type is not None:
+      self.pool_type = check_choice(pool_type, "pool_type", _POOL_TYPES)
+    width = _check_width(num_classes, "num_classes")
+    if width is None:
+      return
+    if not width:
+      self.proj = None
+    elif not isinstance(rngs, nnx.Rngs):
+      raise TypeError(
+          f"{module}.reset({width}) builds a new projection, which needs `rngs`; got "
+          f"{rngs!r}. Pass rngs=nnx.Rngs(0) (any seed), or num_classes=0 for no projection.")
+    else:
+      self.proj = self._projection(width, variable_value(self.pos_embed).dtype, rngs)
+    self.out_features = width or self.embed_dim
+
+  def __call__(self, inputs: jax.Array, *, pre_logits: bool = False) -> jax.Array:
     """Pools ``(N, H, W, C)`` (or unbatched ``(H, W, C)``, or several batch axes).
 
     Returns ``(N, out)`` for ``pool_type="token"``, ``(N, H, W, out)`` for ``""``,
     in the input's dtype; ``out`` is ``out_features`` (``embed_dim`` when 0).
+
+    Args:
+      inputs: the map, channels-last.
+      pre_logits: return the attended features before ``proj``, ``embed_dim`` wide, as
+        timm's ``forward(x, pre_logits=True)`` (default False). A call option, as NNX
+        modules take theirs (``Dropout``'s ``deterministic``): the same head gives both.
     """
     module = type(self).__name__
+    pre_logits = check_bool(pre_logits, "pre_logits")
     x = as_array(inputs)
     if x.ndim < 3:  # prepare's message would suggest a num_spatial_dims this module lacks
       raise ValueError(
@@ -171,9 +230,12 @@ class AttentionPool(nnx.Module):
     check_nonempty_spatial(x, module)
     with jax.named_scope("nnx_pool.attention_pool"):
       out = self._pool(x)
+      if not pre_logits and self.proj is not None:
+        out = self.proj(out)
     return unbatch(out.astype(x.dtype), batch)
 
   def _pool(self, x: jax.Array) -> jax.Array:
+    """The attended tokens before ``proj``: the first, or the map's cells."""
     n, h, w, c = x.shape
     tokens = x.reshape(n, h * w, c)
     if self.cls_token is None:
@@ -192,11 +254,7 @@ class AttentionPool(nnx.Module):
     heads = lambda a: a.reshape(*a.shape[:-1], self.num_heads, self.head_dim)  # noqa: E731
     out = attend(heads(q), heads(k), heads(v))
     out = out.reshape(*out.shape[:2], e)
-    if self.pool_type == "token":
-      out = out[:, 0]
-    else:
-      out = out[:, 1:].reshape(n, h, w, e)
-    return out if self.proj is None else self.proj(out)
+    return out[:, 0] if self.pool_type == "token" else out[:, 1:].reshape(n, h, w, e)
 
   @classmethod
   def from_torch(cls, state_dict: Mapping, *, num_heads: int, **options):
