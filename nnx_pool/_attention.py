@@ -79,15 +79,6 @@ def check_heads(embed_dim: int, num_heads, head_dim, module: str) -> tuple[int, 
   return embed_dim // head_dim, head_dim
 
 
-def check_choice(value, name: str, choices: dict[str, str]) -> str:
-  accepted = ", ".join(f"{choice!r} ({meaning})" for choice, meaning in choices.items())
-  if not isinstance(value, str):
-    raise TypeError(f"`{name}` must be one of {accepted}; got {value!r}.")
-  if value not in choices:
-    raise ValueError(f"`{name}` must be one of {accepted}; got {value!r}.")
-  return value
-
-
 def trunc_normal(stddev: float):
   """timm's ``trunc_normal_(std=stddev)``: cut at +-2 absolute, a plain normal at these widths."""
   return nnx.initializers.normal(stddev)

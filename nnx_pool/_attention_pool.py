@@ -21,8 +21,8 @@ import numpy as np
 from flax import nnx
 from flax.typing import Dtype
 
-from ._args import check_bool, check_positive_int, flax_names, is_int
-from ._attention import attend, check_choice, check_heads, trunc_normal, variable_value
+from ._args import check_bool, check_choice, check_positive_int, flax_names, is_int
+from ._attention import attend, check_heads, trunc_normal, variable_value
 from ._layout import as_array, check_nonempty_spatial, prepare, unbatch
 from ._numerics import mean
 from ._pos_embed import resample_pos_embed

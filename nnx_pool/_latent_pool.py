@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.typing import Dtype
 
-from ._args import check_bool, check_number, check_positive_int, flax_names
-from ._attention import attend, check_choice, check_heads, variable_value
+from ._args import check_bool, check_choice, check_number, check_positive_int, flax_names
+from ._attention import attend, check_heads, variable_value
 from ._layout import as_array, check_dtype, check_features
 from ._numerics import mean
 from ._torch_state import TORCH_KEYS, load

@@ -359,6 +359,11 @@ ROWS = (
     # ------------------------------------------------------------ max unpooling
     _r(_U, "MaxUnpool", "`padding` negative", "MaxUnpool((2, 2), padding=-1)", "ValueError",
        "`padding` must be non-negative; got -1."),
+    _r(_U, "MaxUnpool", "`gradient` not a rule", "MaxUnpool((2, 2), gradient='torch')",
+       "ValueError",
+       "`gradient` must be one of 'written' (each cell's cotangent to the value written there), "
+       "'gather' (every value gets the cotangent of the cell its index names, PyTorch's); got "
+       "'torch'."),
     _r(_U, "MaxUnpool", "`padding` an unknown string", "MaxUnpool((2, 2), padding='FULL')",
        "ValueError", f"`padding` must be {_FORMS}; got 'FULL'."),
     _r(_U, "MaxUnpool", "SAME padding without `output_size`",
