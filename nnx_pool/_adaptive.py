@@ -2,7 +2,7 @@
 
 Inputs are ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``. The number of
 spatial dims is never guessed from the rank; it follows the rule of every
-module (:func:`nnx_pool._geometry.spatial_dims`): a tuple ``output_size`` sets
+module (:func:`nnx_pool._spatial_args.spatial_dims`): a tuple ``output_size`` sets
 it by its length, an int is repeated over ``num_spatial_dims``, default 2 (the
 ``AdaptiveAvgPool2d(1)`` case). A rank of ``num_spatial_dims + 2`` is batched,
 ``num_spatial_dims + 1`` unbatched.
@@ -52,12 +52,13 @@ from flax import nnx
 
 from ._adjoint import bins_select
 from ._args import check_bool, flax_names, is_int
-from ._geometry import OutputSizeLike, adaptive_bins, adaptive_window, spatial_dims
+from ._geometry import adaptive_bins, adaptive_window
 from ._jit import kernel
 from ._layout import DtypeKind, check_in_features, prepare_map, unbatch
 from ._numerics import accumulation_dtype, mean, true_divide
 from ._select import Out, ValuesAndIndices, arg_extremum_over_bins, flat_indices
 from ._separable import select, window_sum
+from ._spatial_args import OutputSizeLike, spatial_dims
 from ._taps import along, bin_slots
 
 _POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")

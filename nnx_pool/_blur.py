@@ -54,10 +54,11 @@ from flax import nnx
 from jax import lax
 
 from ._args import flax_names, is_int
-from ._geometry import SizeLike, as_tuple, check_padded_size, spatial_dims
+from ._geometry import check_padded_size
 from ._jit import kernel, may_split_space
 from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
 from ._numerics import accumulation_dtype
+from ._spatial_args import SizeLike, as_tuple, spatial_dims
 from ._taps import splits_boxes
 
 # F.pad's mode names and jnp.pad's for the same padding.

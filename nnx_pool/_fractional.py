@@ -60,7 +60,6 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from ._args import check_bool, flax_names
-from ._geometry import SizeLike, as_tuple, spatial_dims
 from ._jit import kernel
 from ._layout import (
   as_array,
@@ -71,6 +70,7 @@ from ._layout import (
   unbatch,
 )
 from ._select import Out, ValuesAndIndices, replaces
+from ._spatial_args import SizeLike, as_tuple, spatial_dims
 
 # Which sample of a plane (PyTorch's ``_random_samples[n, c, :]``) drives each spatial dim.
 SAMPLE_OF_DIM = {1: (0,), 2: (1, 0), 3: (0, 1, 2)}

@@ -35,19 +35,13 @@ from jax import lax
 
 from ._args import check_bool, check_number, check_positive_int, flax_names
 from ._backend import current_implementation
-from ._geometry import (
-  MAX_SIZE,
-  Geometry,
-  PaddingLike,
-  SizeLike,
-  Window,
-  check_padded_size,
-)
+from ._geometry import Geometry, Window, check_padded_size
 from ._jit import kernel
 from ._layout import check_in_features, check_plane_indexable, prepare, unbatch
 from ._numerics import accumulation_dtype, true_divide
 from ._select import Kind, Out, ValuesAndIndices, flat_indices, identity
 from ._separable import select, window_sum
+from ._spatial_args import MAX_SIZE, PaddingLike, SizeLike
 
 
 def _spatial(divisor: np.ndarray) -> np.ndarray:

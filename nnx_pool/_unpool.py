@@ -18,16 +18,10 @@ import numpy as np
 from flax import nnx
 
 from ._args import check_choice, flax_names
-from ._geometry import (
-  IntLike,
-  PaddingLike,
-  SizeLike,
-  Window,
-  as_tuple,
-  effective_window,
-)
+from ._geometry import Window, effective_window
 from ._jit import kernel
 from ._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
+from ._spatial_args import IntLike, PaddingLike, SizeLike, as_tuple
 
 
 def default_output_size(window: Window, input_size: Sequence[int]) -> tuple[int, ...]:

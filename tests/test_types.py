@@ -193,6 +193,7 @@ head = AttentionPool(3, feat_size=8, num_heads=1, rngs=nnx.Rngs(0))
 assert_type(head(x, pre_logits=True), jax.Array)
 head.reset(10, rngs=nnx.Rngs(1))
 head.reset(0, pool_type="")
+assert_type(MaxUnpool(2, gradient="gather")(values, indices, output_size=(8, 8)), jax.Array)
 
 
 # The regression kit: a guard in a script, and the pytest fixture's object.
@@ -248,6 +249,7 @@ F.max_pool(x, (2, "2"), 2)  # expect: reportArgumentType
 F.max_pool(x, 2, 2, return_indices=True).shape  # expect: reportAttributeAccessIssue
 values, indices, extra = F.max_pool(x, 2, 2, return_indices=True)  # expect: reportAssignmentType
 F.max_unpool(x, 2, 2)  # expect: reportArgumentType
+F.max_unpool(x, x.astype(jnp.int32), 2, gradient="torch")  # expect: reportArgumentType
 F.gem_pool(x, p="3")  # expect: reportArgumentType
 AdaptiveAvgPool("7")  # expect: reportArgumentType
 SqueezeExcitation(8)  # expect: reportCallIssue
