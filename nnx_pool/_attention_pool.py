@@ -26,7 +26,8 @@ from ._attention import attend, check_heads, trunc_normal, variable_value
 from ._layout import as_array, check_nonempty_spatial, prepare, unbatch
 from ._numerics import mean
 from ._pos_embed import resample_pos_embed
-from ._torch_state import TORCH_KEYS, load
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 def _check_width(value, name: str) -> int | None:

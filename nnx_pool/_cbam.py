@@ -36,7 +36,8 @@ from ._gates import (
 from ._layout import unbatch
 from ._numerics import accumulation_dtype, spatial_mean, true_divide
 from ._select import extremum
-from ._torch_state import TORCH_KEYS, load
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 class _CbamFamily(_Gate):

@@ -32,7 +32,8 @@ from ._gates import (
 from ._jit import kernel
 from ._layout import unbatch
 from ._numerics import spatial_mean
-from ._torch_state import TORCH_KEYS, load
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 class _ConvMlp(nnx.Module):

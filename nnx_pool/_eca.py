@@ -22,7 +22,8 @@ from ._args import check_bool, check_number, check_positive_int, flax_names
 from ._gates import Activation, Initializer, _Gate, _layer_options, _scaled
 from ._layout import unbatch
 from ._numerics import spatial_mean
-from ._torch_state import TORCH_KEYS, load
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 def eca_kernel_size(in_features: int, gamma: float = 2, beta: float = 1) -> int:

@@ -41,7 +41,8 @@ from ._args import check_bool, check_num_spatial_dims, check_number, flax_names
 from ._jit import kernel
 from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
 from ._numerics import accumulation_dtype, mean
-from ._torch_state import TORCH_KEYS, load
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 # ----------------------------------------------------------------------------
 # Argument checks.

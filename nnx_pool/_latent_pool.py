@@ -22,7 +22,8 @@ from ._args import check_bool, check_choice, check_number, check_positive_int, f
 from ._attention import attend, check_heads, variable_value
 from ._layout import as_array, check_dtype, check_features
 from ._numerics import mean
-from ._torch_state import TORCH_KEYS, load
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 # timm's LayerNorm (timm/layers/norm.py), the norm_layer a ViT gives its MAP head.
 _LAYER_NORM_EPS = 1e-6

@@ -34,7 +34,8 @@ from ._gates import (
 )
 from ._layout import unbatch
 from ._numerics import spatial_mean
-from ._torch_state import TORCH_KEYS, load
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 class SqueezeExcitation(_Gate):

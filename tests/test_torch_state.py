@@ -29,8 +29,8 @@ from nnx_pool._eca import EfficientChannelAttention
 from nnx_pool._generalized import GeMPool, LsePlusPool
 from nnx_pool._latent_pool import AttentionPoolLatent
 from nnx_pool._squeeze_excite import EffectiveSqueezeExcitation, SqueezeExcitation
+from nnx_pool._torch_keys import TORCH_KEYS
 from nnx_pool._torch_state import (
-  TORCH_KEYS,
   Loader,
   Row,
   conv_weight,
