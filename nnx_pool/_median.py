@@ -40,12 +40,12 @@ from flax import nnx
 
 from ._adjoint import gather
 from ._args import check_bool, flax_names
-from ._blur import check_torch_pads, torch_pad
 from ._geometry import Geometry, Window
 from ._jit import kernel
 from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
 from ._spatial_args import PaddingLike, SizeLike, parse_padding, refuse_flat_padding, spatial_dims
 from ._taps import taps
+from ._torch_pad import check_torch_pads, torch_pad
 
 Pads = tuple[tuple[int, int], ...]
 
