@@ -8,7 +8,7 @@ disagrees with ``num_spatial_dims`` is a ValueError. 1-D is
 ``MaxPool(3, num_spatial_dims=1)`` or ``MaxPool((3,))``.
 
 Each module has a functional twin (:mod:`nnx_pool.functional`) with the same
-arguments; the module calls the same implementation.
+arguments; both run the same implementation (:mod:`nnx_pool._window_kernels`).
 
 **Strides default to the window**, as in PyTorch, Keras and TF. Flax's
 ``nnx.avg_pool``/``nnx.max_pool`` default to stride 1: pass ``strides=1`` to get
@@ -28,25 +28,14 @@ from collections.abc import Callable
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jax import lax
 
 from ._args import check_bool, check_number, check_positive_int, flax_names
-from ._backend import current_implementation
-from ._geometry import Geometry, Window, check_padded_size
-from ._jit import kernel
-from ._layout import check_in_features, check_plane_indexable, prepare, unbatch
-from ._numerics import accumulation_dtype, true_divide
-from ._select import Kind, Out, ValuesAndIndices, flat_indices, identity
-from ._separable import select, window_sum
+from ._geometry import Window
+from ._layout import check_in_features
+from ._select import Kind, Out, ValuesAndIndices
 from ._spatial_args import MAX_SIZE, PaddingLike, SizeLike
-
-
-def _spatial(divisor: np.ndarray) -> np.ndarray:
-  """A divisor of shape ``out_shape`` as ``(1, *out_shape, 1)``, to broadcast over N and C."""
-  return divisor.reshape(1, *divisor.shape, 1) if divisor.ndim else divisor
+from ._window_kernels import run_average, run_extremum, run_lp_norm
 
 
 def _check_divisor_override(value) -> int | None:
@@ -54,108 +43,6 @@ def _check_divisor_override(value) -> int | None:
   if value is not None and value > MAX_SIZE:
     raise ValueError(f"`divisor_override` must be at most 2**63 - 1 (int64); got {value}.")
   return value
-
-
-# ----------------------------------------------------------------------------
-# The implementations: each takes a validated Window; the functions below and
-# the modules' __call__ both run them.
-# ----------------------------------------------------------------------------
-
-
-# Each call runs one kernel (one jit, see nnx_pool._jit): the arithmetic around the
-# window reductions is compiled with them, so an eager call is one dispatch.
-
-
-def _reduce_window(x, geom: Geometry, init, op) -> jax.Array:
-  """XLA's ``reduce_window`` over the windows of ``geom`` (the ``"xla"`` implementation)."""
-  one = (1,)
-  return lax.reduce_window(
-      x, np.asarray(init, x.dtype), op, one + geom.window + one,
-      one + tuple(d.stride for d in geom.dims) + one, ((0, 0), *geom.pads, (0, 0)),
-      window_dilation=one + tuple(d.dilation for d in geom.dims) + one)
-
-
-def _window_sum(x, geom: Geometry, implementation: str) -> jax.Array:
-  """Sum of every window: the taps, or with ``"xla"`` XLA's ``reduce_window`` (_backend)."""
-  if implementation == "xla":
-    return _reduce_window(x, geom, 0, lax.add)
-  return window_sum(x, geom)
-
-
-@kernel(static_argnums=(1, 2, 3, 4))
-def window_average(x, geom, count_include_pad: bool, divisor_override, implementation: str):
-  total = _window_sum(x.astype(accumulation_dtype(x.dtype)), geom, implementation)
-  if divisor_override is not None:
-    divisor = np.asarray(divisor_override)
-  else:
-    divisor = geom.divisor(count_include_pad=count_include_pad)
-  return true_divide(total, _spatial(divisor)).astype(x.dtype)
-
-
-@kernel(static_argnums=(1, 2, 3, 4))
-def window_extremum(x, geom, kind: Kind, return_indices: bool, implementation: str):
-  if implementation == "xla" and not return_indices and all(d.dilation == 1 for d in geom.dims):
-    # XLA's own max (min), differentiated by JAX. JAX has no gradient for a dilated one,
-    # and only the taps compute window offsets, so those stay on the taps.
-    return _reduce_window(x, geom, identity(x.dtype, kind), lax.max if kind == "max" else lax.min)
-  values, arg = select(x, geom, kind, return_indices)
-  return (values, flat_indices(arg, geom)) if return_indices else values
-
-
-@kernel(static_argnums=(1, 2, 3, 4))
-def window_lp_norm(x, geom, norm_type: float, size: int, implementation: str):
-  p = norm_type
-  xa = x.astype(accumulation_dtype(x.dtype))
-  powered = lax.integer_pow(xa, int(p)) if p.is_integer() else jnp.power(xa, p)
-  # PyTorch: avg_pool(x**p) * prod(window), so partial windows scale by k / cells.
-  cells = _spatial(geom.divisor(count_include_pad=True))
-  mean = true_divide(_window_sum(powered, geom, implementation), cells)
-  return jnp.power(mean * float(size), 1.0 / p).astype(x.dtype)
-
-
-# The adaptive pool that fits any input, named where a window does not fit.
-_ADAPTIVE = {"avg": {"AvgPool": "AdaptiveAvgPool", "avg_pool": "adaptive_avg_pool"},
-             "max": {"MaxPool": "AdaptiveMaxPool", "max_pool": "adaptive_max_pool"},
-             "min": {}}
-
-
-def _resolve(window: Window, x: jax.Array, name: str, **ways) -> Geometry:
-  """``window`` over the batched ``x`` (:meth:`Window.resolve`, ``ways`` its ways out), refusing
-  a padded input too large for XLA to size."""
-  geom = window.resolve(x.shape[1:-1], name, **ways)
-  check_padded_size(
-      x.shape, geom.pads, window.describe(name),
-      "Pass less `padding` (at most half the dilated window is allowed, so a large `dilation` "
-      "or window admits a large one).")
-  return geom
-
-
-def _avg(inputs, window: Window, count_include_pad: bool, divisor_override, in_features, name,
-         owner=None):
-  x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
-                     owner=owner)
-  geom = _resolve(window, x, name, adaptive=_ADAPTIVE["avg"].get(name))
-  y = window_average(x, geom, count_include_pad, divisor_override, current_implementation())
-  return unbatch(y, batch)
-
-
-def _select(inputs, window: Window, kind: Kind, return_indices: bool, in_features,
-            name, owner=None):
-  x, batch = prepare(inputs, window.ndim, kind="ordered", module=name, in_features=in_features,
-                     owner=owner)
-  if return_indices:
-    check_plane_indexable(
-        x.shape[1:-1], name, " Pool without return_indices, or tile the map.")
-  geom = _resolve(window, x, name, adaptive=_ADAPTIVE[kind].get(name))
-  return unbatch(window_extremum(x, geom, kind, return_indices, current_implementation()), batch)
-
-
-def _lp(inputs, window: Window, norm_type: float, in_features, name, owner=None):
-  x, batch = prepare(inputs, window.ndim, kind="float", module=name, in_features=in_features,
-                     owner=owner)
-  geom = _resolve(window, x, name, takes_padding=False)
-  y = window_lp_norm(x, geom, norm_type, window.size, current_implementation())
-  return unbatch(y, batch)
 
 
 # ----------------------------------------------------------------------------
@@ -218,7 +105,7 @@ def avg_pool(
   _check_strides_given(strides, window_shape, "avg")
   window = Window.create(window_shape, strides, padding, ceil_mode=ceil_mode,
                          num_spatial_dims=num_spatial_dims, layer="avg_pool")
-  return _avg(inputs, window, check_bool(count_include_pad, "count_include_pad"),
+  return run_average(inputs, window, check_bool(count_include_pad, "count_include_pad"),
               _check_divisor_override(divisor_override), check_in_features(in_features),
               "avg_pool")
 
@@ -229,7 +116,7 @@ def _select_pool(kind: Kind, inputs, window_shape, strides, padding, num_spatial
   _check_strides_given(strides, window_shape, kind)
   window = Window.create(window_shape, strides, padding, dilation=dilation, ceil_mode=ceil_mode,
                          num_spatial_dims=num_spatial_dims, layer=f"{kind}_pool")
-  return _select(inputs, window, kind, check_bool(return_indices, "return_indices"),
+  return run_extremum(inputs, window, kind, check_bool(return_indices, "return_indices"),
                  check_in_features(in_features), f"{kind}_pool")
 
 
@@ -319,7 +206,7 @@ def lp_pool(
   norm_type = check_number(norm_type, "norm_type", positive=True)
   window = Window.create(window_shape, strides, 0, ceil_mode=ceil_mode,
                          num_spatial_dims=num_spatial_dims)
-  return _lp(inputs, window, norm_type, check_in_features(in_features), "lp_pool")
+  return run_lp_norm(inputs, window, norm_type, check_in_features(in_features), "lp_pool")
 
 
 # ----------------------------------------------------------------------------
@@ -417,7 +304,7 @@ class AvgPool(nnx.Module):
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
-    return _avg(inputs, self.window, self.count_include_pad, self.divisor_override,
+    return run_average(inputs, self.window, self.count_include_pad, self.divisor_override,
                 self.in_features, type(self).__name__, self)
 
 
@@ -490,7 +377,7 @@ class _SelectPool(nnx.Module, Generic[Out]):
       ``return_indices=True``, also the int32 flat per-plane index of each
       selected element (PyTorch's convention, ``h * W + w`` in 2-D) in the same shape.
     """
-    return cast(Out, _select(inputs, self.window, self._kind, self.return_indices,
+    return cast(Out, run_extremum(inputs, self.window, self._kind, self.return_indices,
                              self.in_features, type(self).__name__, self))
 
 
@@ -573,4 +460,5 @@ class LPPool(nnx.Module):
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """Pools ``(N, *spatial, C)`` or ``(*spatial, C)`` to ``(N, *out, C)`` or ``(*out, C)``."""
-    return _lp(inputs, self.window, self.norm_type, self.in_features, type(self).__name__, self)
+    return run_lp_norm(inputs, self.window, self.norm_type, self.in_features,
+                       type(self).__name__, self)
