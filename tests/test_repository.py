@@ -64,3 +64,21 @@ def test_every_public_module_has_a_page_on_the_site():
                and any(getattr(t, "id", None) == "AREAS" for t in node.targets))
   listed = {module for area in ast.literal_eval(areas) for module in area[2]}
   assert sorted(set(nnx_pool._WHERE.values()) - listed) == []
+
+
+# One job a file (issue 37): the modules' files stay short enough to read as one job; the
+# NumPy mirror, a loop per rule, is the exception.
+MAX_MODULE_LINES = 500
+
+
+def test_each_module_file_is_at_most_500_lines_and_imports_its_package_relatively():
+  long, absolute = [], []
+  for path in sorted((ROOT / "nnx_pool").glob("*.py")):
+    lines = path.read_text().splitlines()
+    if path.name != "reference.py" and len(lines) > MAX_MODULE_LINES:
+      long.append(f"{path.name}: {len(lines)} lines")
+    absolute += [f"{path.name}:{number}: {line.strip()}"
+                 for number, line in enumerate(lines, 1)
+                 if re.match(r"\s*(from nnx_pool[. ]|import nnx_pool)", line)]
+  assert long == [], f"over {MAX_MODULE_LINES} lines: split by job"
+  assert absolute == [], "imports inside nnx_pool are relative (from ._x import y)"
