@@ -162,7 +162,7 @@ class AttentionPool(nnx.Module):
                       if class_token else None)
 
   def _projection(self, width: int, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    """``proj``: a Linear from ``embed_dim`` to ``width`` (PyTorch's and Flax's own init)."""
+    """``proj``: a Linear from ``embed_dim`` to ``width``, with Flax's default initialisers."""
     return nnx.Linear(self.embed_dim, width, dtype=self.dtype, param_dtype=param_dtype,
                       rngs=rngs)
 
@@ -192,20 +192,20 @@ class AttentionPool(nnx.Module):
       ((8, 10), 10)
     """
     module = type(self).__name__
-    if pool_type is not None:
-      self.pool_type = check_choice(pool_type, "pool_type", _POOL_TYPES)
+    # Everything is checked, and the projection built, before the head changes.
+    pool_type = (self.pool_type if pool_type is None
+                 else check_choice(pool_type, "pool_type", _POOL_TYPES))
     width = _check_width(num_classes, "num_classes")
-    if width is None:
-      return
-    if not width:
-      self.proj = None
-    elif not isinstance(rngs, nnx.Rngs):
-      raise TypeError(
-          f"{module}.reset({width}) builds a new projection, which needs `rngs`; got "
-          f"{rngs!r}. Pass rngs=nnx.Rngs(0) (any seed), or num_classes=0 for no projection.")
-    else:
-      self.proj = self._projection(width, variable_value(self.pos_embed).dtype, rngs)
-    self.out_features = width or self.embed_dim
+    proj = None
+    if width:
+      if not isinstance(rngs, nnx.Rngs):
+        raise TypeError(
+            f"{module}.reset({width}) builds a new projection, which needs `rngs`; got "
+            f"{rngs!r}. Pass rngs=nnx.Rngs(0) (any seed), or num_classes=0 for no projection.")
+      proj = self._projection(width, variable_value(self.pos_embed).dtype, rngs)
+    self.pool_type = pool_type
+    if width is not None:
+      self.proj, self.out_features = proj, width or self.embed_dim
 
   def __call__(self, inputs: jax.Array, *, pre_logits: bool = False) -> jax.Array:
     """Pools ``(N, H, W, C)`` (or unbatched ``(H, W, C)``, or several batch axes).

@@ -585,6 +585,8 @@ def test_reset_gives_a_new_projection_and_keeps_every_other_weight_bit_for_bit()
     (lambda h: h.reset(10), TypeError,
      "AttentionPool.reset(10) builds a new projection, which needs `rngs`; got None. Pass "
      "rngs=nnx.Rngs(0) (any seed), or num_classes=0 for no projection."),
+    (lambda h: h.reset(10, pool_type=""), TypeError,  # the pool type is not set either
+     "AttentionPool.reset(10) builds a new projection, which needs `rngs`"),
     (lambda h: h.reset(-1, rngs=nnx.Rngs(0)), ValueError,
      "`num_classes` must be None, 0 (no output projection) or a positive int; got -1."),
     (lambda h: h.reset(pool_type="avg"), ValueError, "`pool_type` must be one of 'token' ("),
@@ -592,11 +594,13 @@ def test_reset_gives_a_new_projection_and_keeps_every_other_weight_bit_for_bit()
      "`pre_logits` must be a bool; got 1."),
 ])
 def test_reset_and_pre_logits_refuse(call, error, message):
-  head = AttentionPool(_C, feat_size=3, num_heads=2, rngs=nnx.Rngs(0))
+  # Loaded, not initialised: no random program to compile.
+  head = AttentionPool.from_torch(_POOL_CASES["open_clip ModifiedResNet keys"][0], num_heads=2)
   with pytest.raises(error) as info:
     call(head)
   assert str(info.value).startswith(message)
-  assert head.proj is not None and head.out_features == _C  # nothing changed
+  assert head.proj is not None and head.out_features == 6  # nothing changed
+  assert head.pool_type == "token"
 
 
 # ----------------------------------------------------------------------------
