@@ -80,7 +80,7 @@ _GRADIENTS = {"written": "each cell's cotangent to the value written there",
               "gather": "every value gets the cotangent of the cell its index names, PyTorch's"}
 
 
-def _max_unpool(inputs, indices, window: Window, output_size, gradient: Gradient, in_features,
+def _max_unpool(inputs, indices, window: Window, output_size, gradient: str, in_features,
                 name, owner=None) -> jax.Array:
   shape = tuple(as_array(inputs).shape)
   indices = as_array(indices, "indices")
