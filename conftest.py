@@ -1,7 +1,7 @@
 """Root pytest configuration: strict JAX settings, and Markdown code blocks as tests.
 
-Every ``python`` code block in README.md and guides/*.md runs under pytest through
-Sybil. Blocks written as ``>>>`` sessions are doctests, so every result they show is
+Every ``python`` code block in README.md, guides/*.md and docs/modules.md runs under pytest
+through Sybil. Blocks written as ``>>>`` sessions are doctests, so every result they show is
 compared with what the library really returns.
 """
 
@@ -24,7 +24,9 @@ pytest_collect_file = Sybil(
         PythonCodeBlockParser(doctest_optionflags=doctest.NORMALIZE_WHITESPACE),
         SkipParser(),
     ],
-    patterns=["README.md", "guides/*.md"],
+    # docs/ pages one by one, those whose python blocks are examples written to run here
+    # (docs/regression.md's are a user's test file and a demo that writes a baseline).
+    patterns=["README.md", "guides/*.md", "docs/modules.md"],
 ).pytest()
 
 

@@ -335,7 +335,9 @@ def on_config(config: Any) -> Any:
   guides = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "guides").glob("[0-9]*.md"))
   config["nav"] = [
       {"Home": "README.md"},
+      {"Installing": "docs/install.md"},
       {"Guides": ["guides/README.md", *guides]},
+      {"The modules at a glance": "docs/modules.md"},
       {"API reference": ["reference/index.md",
                          *({title: _reference_path(slug)} for slug, title, _, _ in areas)]},
       {"The regression kit": ["docs/regression.md",
@@ -344,6 +346,7 @@ def on_config(config: Any) -> Any:
       {"Errors": "docs/errors.md"},
       {"Limits": "docs/limits.md"},
       {"Benchmarks": "docs/benchmarks.md"},
+      {"Working on nnx-pool": "docs/development.md"},
       {"Changelog": "CHANGELOG.md"},
   ]
   return config
