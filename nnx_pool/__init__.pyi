@@ -7,11 +7,8 @@ from nnx_pool import functional as functional
 from nnx_pool import reference as reference
 from nnx_pool._adaptive import AdaptiveAvgPool as AdaptiveAvgPool
 from nnx_pool._adaptive import AdaptiveMaxPool as AdaptiveMaxPool
-from nnx_pool._adaptive import GlobalAvgPool as GlobalAvgPool
-from nnx_pool._adaptive import GlobalMaxPool as GlobalMaxPool
 from nnx_pool._adaptive import SelectAdaptivePool as SelectAdaptivePool
-from nnx_pool._attention import AttentionPool as AttentionPool
-from nnx_pool._attention import AttentionPoolLatent as AttentionPoolLatent
+from nnx_pool._attention_pool import AttentionPool as AttentionPool
 from nnx_pool._backend import IMPLEMENTATION_DEFAULTS as IMPLEMENTATION_DEFAULTS
 from nnx_pool._backend import IMPLEMENTATIONS as IMPLEMENTATIONS
 from nnx_pool._backend import current_implementation as current_implementation
@@ -28,6 +25,9 @@ from nnx_pool._gates import make_divisible as make_divisible
 from nnx_pool._generalized import GeMPool as GeMPool
 from nnx_pool._generalized import LsePlusPool as LsePlusPool
 from nnx_pool._geometry import output_shape as output_shape
+from nnx_pool._global import GlobalAvgPool as GlobalAvgPool
+from nnx_pool._global import GlobalMaxPool as GlobalMaxPool
+from nnx_pool._latent_pool import AttentionPoolLatent as AttentionPoolLatent
 from nnx_pool._layout import ChannelsFirstWarning as ChannelsFirstWarning
 from nnx_pool._median import MedianPool as MedianPool
 from nnx_pool._pool import AvgPool as AvgPool

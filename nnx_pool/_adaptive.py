@@ -1,12 +1,11 @@
-"""Global, adaptive and selectable pooling over 1, 2 or 3 spatial dims, channels-last.
+"""Adaptive and selectable pooling over 1, 2 or 3 spatial dims, channels-last.
 
 Inputs are ``(N, *spatial, C)`` or unbatched ``(*spatial, C)``. The number of
 spatial dims is never guessed from the rank; it follows the rule of every
-module (:func:`nnx_pool._geometry.spatial_dims`): a tuple ``output_size`` sets
+module (:func:`nnx_pool._spatial_args.spatial_dims`): a tuple ``output_size`` sets
 it by its length, an int is repeated over ``num_spatial_dims``, default 2 (the
-``AdaptiveAvgPool2d(1)`` case). The global pools take ``num_spatial_dims``
-alone. A rank of ``num_spatial_dims + 2`` is batched, ``num_spatial_dims + 1``
-unbatched.
+``AdaptiveAvgPool2d(1)`` case). A rank of ``num_spatial_dims + 2`` is batched,
+``num_spatial_dims + 1`` unbatched.
 
 Adaptive bins are PyTorch's (:func:`nnx_pool._geometry.adaptive_bins`): bin
 ``i`` of ``T`` over a length ``L`` covers ``[floor(i*L/T), ceil((i+1)*L/T))``.
@@ -51,22 +50,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from nnx_pool._adjoint import bins_select
-from nnx_pool._args import check_bool, check_num_spatial_dims, flax_names, is_int
-from nnx_pool._geometry import OutputSizeLike, adaptive_bins, adaptive_window, spatial_dims
-from nnx_pool._jit import kernel
-from nnx_pool._layout import (
-  DtypeKind,
-  check_in_features,
-  check_nonempty_spatial,
-  check_plane_indexable,
-  prepare,
-  unbatch,
-)
-from nnx_pool._numerics import accumulation_dtype, mean, spatial_mean, true_divide
-from nnx_pool._select import Out, ValuesAndIndices, arg_extremum_over_bins, flat_indices
-from nnx_pool._separable import select, window_sum
-from nnx_pool._taps import along, bin_slots
+from ._adjoint import bins_select
+from ._args import check_bool, flax_names, is_int
+from ._geometry import adaptive_bins, adaptive_window
+from ._jit import kernel
+from ._layout import DtypeKind, check_in_features, prepare_map, unbatch
+from ._numerics import accumulation_dtype, mean, true_divide
+from ._select import Out, ValuesAndIndices, arg_extremum_over_bins, flat_indices
+from ._separable import select, window_sum
+from ._spatial_args import OutputSizeLike, spatial_dims
+from ._taps import along, bin_slots
 
 _POOL_TYPES = ("avg", "max", "avgmax", "catavgmax")
 # The largest window (in cells) for which a divisible adaptive pool runs on the
@@ -160,56 +153,6 @@ def adaptive_max(x: jax.Array, out_shape: tuple[int, ...], return_indices: bool 
 # ----------------------------------------------------------------------------
 
 
-def _prepare(inputs, ndim: int, kind: DtypeKind, in_features, name: str, owner, *,
-             indexed: bool):
-  """``(N, *spatial, C)`` and the batch shape, checked; ``indexed``: a max, whose flat
-  indices must fit in int32."""
-  x, batch = prepare(inputs, ndim, kind=kind, module=name, in_features=in_features, owner=owner)
-  check_nonempty_spatial(x, name)
-  if indexed:
-    check_plane_indexable(x.shape[1:-1], name, " The max keeps one (for its gradient too).")
-  return x, batch
-
-
-def _global(inputs, kind: DtypeKind, num_spatial_dims: int, keepdims: bool, in_features, name,
-            owner=None):
-  x, batch = _prepare(inputs, num_spatial_dims, kind, in_features, name, owner,
-                      indexed=kind == "ordered")
-  y = spatial_mean(x) if kind == "float" else adaptive_max(x, (1,) * num_spatial_dims)
-  y = y if keepdims else y.reshape(y.shape[0], y.shape[-1])
-  return unbatch(y, batch)
-
-
-def _global_options(num_spatial_dims, keepdims, in_features) -> tuple[int, bool, int | None]:
-  """The global pools' arguments, checked: the modules' and the functions' one place."""
-  return (check_num_spatial_dims(num_spatial_dims), check_bool(keepdims, "keepdims"),
-          check_in_features(in_features))
-
-
-@flax_names
-def global_avg_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
-                    in_features: int | None = None) -> jax.Array:
-  """The function form of :class:`GlobalAvgPool`, with the same arguments and checks."""
-  options = _global_options(num_spatial_dims, keepdims, in_features)
-  return _global(inputs, "float", *options, "global_avg_pool")
-
-
-@flax_names
-def global_max_pool(inputs: jax.Array, *, num_spatial_dims: int = 2, keepdims: bool = False,
-                    in_features: int | None = None) -> jax.Array:
-  """The function form of :class:`GlobalMaxPool`, with the same arguments and checks.
-
-  Example usage::
-
-    >>> import jax.numpy as jnp
-    >>> from nnx_pool import functional as F
-    >>> F.global_max_pool(jnp.array([[3., 1.], [4., 1.], [5., 9.]]), num_spatial_dims=1)
-    Array([5., 9.], dtype=float32)
-  """
-  return _global(inputs, "ordered", *_global_options(num_spatial_dims, keepdims, in_features),
-                 "global_max_pool")
-
-
 def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, name,
               owner=None, *, flatten: bool = False):
   """Adaptive pooling of ``inputs`` to ``sizes`` (None keeps a dim), by ``pool_type``.
@@ -217,8 +160,8 @@ def _adaptive(inputs, sizes, pool_type: str, return_indices: bool, in_features, 
   ``flatten``: everything after the batch axes flattened, channels-last order.
   """
   kind: DtypeKind = "ordered" if pool_type == "max" else "float"
-  x, batch = _prepare(inputs, len(sizes), kind, in_features, name, owner,
-                      indexed=pool_type != "avg")
+  x, batch = prepare_map(inputs, len(sizes), kind, in_features, name, owner,
+                         indexed=pool_type != "avg")
   out_shape = _resolve_out_shape(sizes, x.shape[1:-1])
   if pool_type == "avg":
     y = adaptive_avg(x, out_shape)
@@ -277,85 +220,6 @@ def adaptive_max_pool(inputs: jax.Array, output_size: OutputSizeLike, *,
 # ----------------------------------------------------------------------------
 # Modules.
 # ----------------------------------------------------------------------------
-
-class _GlobalPool(nnx.Module):
-  """A reduction over every spatial axis; subclasses give ``_kind``."""
-
-  _kind: DtypeKind
-
-  @flax_names
-  def __init__(
-      self, *, num_spatial_dims: int = 2, keepdims: bool = False, in_features: int | None = None
-  ):
-    self.num_spatial_dims, self.keepdims, self.in_features = _global_options(
-        num_spatial_dims, keepdims, in_features)
-
-  def __call__(self, inputs: jax.Array) -> jax.Array:
-    """Pools ``(N, *spatial, C)`` to ``(N, C)`` (unbatched ``(*spatial, C)`` to ``(C,)``).
-
-    With ``keepdims=True`` the spatial axes stay, with size 1.
-    """
-    return _global(inputs, self._kind, self.num_spatial_dims, self.keepdims, self.in_features,
-                   type(self).__name__, self)
-
-
-class GlobalAvgPool(_GlobalPool):
-  """Mean over every spatial axis, channels-last: ``(N, *spatial, C) -> (N, C)``.
-
-  This is PyTorch's ``adaptive_avg_pool2d(x, 1)`` and ``x.mean((2, 3))``: the
-  sum (float32 for float16/bfloat16 inputs) divided by the number of cells, a
-  correctly rounded division, so integer-valued maps give bit-exact means.
-
-  Example usage::
-
-    >>> import jax.numpy as jnp
-    >>> from nnx_pool import GlobalAvgPool
-    >>> x = jnp.arange(12.0).reshape(1, 2, 3, 2)  # (N, H, W, C)
-    >>> GlobalAvgPool()(x)
-    Array([[5., 6.]], dtype=float32)
-    >>> GlobalAvgPool(keepdims=True)(x).shape
-    (1, 1, 1, 2)
-
-  Args:
-    num_spatial_dims: how many axes between batch and channels are spatial, 1, 2
-      or 3 (default 2). A rank of ``num_spatial_dims + 2`` is batched and
-      ``num_spatial_dims + 1`` unbatched.
-    keepdims: keep the spatial axes with size 1 (default False).
-    in_features: the channel count, checked against the last axis when given
-      (default None).
-  """
-
-  _kind: DtypeKind = "float"
-
-
-class GlobalMaxPool(_GlobalPool):
-  """Max over every spatial axis, channels-last: ``(N, *spatial, C) -> (N, C)``.
-
-  PyTorch's ``adaptive_max_pool2d(x, 1)``: NaN propagates, and the gradient
-  goes to one cell per plane, the first maximum in row-major order (the last
-  NaN if there is one), not split between ties as ``jnp.max`` splits it.
-  Integer inputs are accepted.
-
-  Example usage::
-
-    >>> import jax.numpy as jnp
-    >>> from nnx_pool import GlobalMaxPool
-    >>> x = jnp.array([[[3., 0.], [1., 5.]], [[2., 7.], [4., 1.]]])  # (H, W, C), unbatched
-    >>> GlobalMaxPool()(x)
-    Array([4., 7.], dtype=float32)
-
-  Args:
-    num_spatial_dims: the number of axes, between the batch and the channels,
-      that the max is taken over: 1, 2 or 3 (default 2). Inputs of rank
-      ``num_spatial_dims + 2`` are batched, of rank ``num_spatial_dims + 1`` not.
-    keepdims: whether the result keeps each spatial axis, with length 1
-      (default False: ``(N, C)``).
-    in_features: when given, the length the channel axis must have (default
-      None: any).
-  """
-
-  _kind: DtypeKind = "ordered"
-
 
 class AdaptiveAvgPool(nnx.Module):
   """Average over PyTorch's adaptive bins, channels-last, in 1, 2 or 3 spatial dims.

@@ -31,15 +31,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nnx_pool._geometry import DimGeometry, Geometry
-from nnx_pool._select import (
+from ._geometry import DimGeometry, Geometry
+from ._select import (
   Kind,
   arg_extremum_over_bins,
   arg_select_boxes,
   select_forward,
   stage_arg_select,
 )
-from nnx_pool._taps import splits_boxes, sum_taps
+from ._taps import splits_boxes, sum_taps
 
 
 def _phases(geom: Geometry):

@@ -66,6 +66,16 @@ def check_number(value, name: str, *, positive: bool = False) -> float:
   return number
 
 
+def check_choice(value, name: str, choices: dict[str, str]) -> str:
+  """``value`` when it is one of ``choices`` (each with what it means, for the message)."""
+  accepted = ", ".join(f"{choice!r} ({meaning})" for choice, meaning in choices.items())
+  if not isinstance(value, str):
+    raise TypeError(f"`{name}` must be one of {accepted}; got {value!r}.")
+  if value not in choices:
+    raise ValueError(f"`{name}` must be one of {accepted}; got {value!r}.")
+  return value
+
+
 def check_callable(value, name: str) -> Callable:
   if not callable(value):
     raise TypeError(f"`{name}` must be a callable such as nnx.relu; got {value!r}.")

@@ -53,58 +53,14 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool._args import flax_names, is_int
-from nnx_pool._geometry import SizeLike, as_tuple, check_padded_size, spatial_dims
-from nnx_pool._jit import kernel, may_split_space
-from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
-from nnx_pool._numerics import accumulation_dtype
-from nnx_pool._taps import splits_boxes
-
-# F.pad's mode names and jnp.pad's for the same padding.
-PAD_MODES = {"reflect": "reflect", "constant": "constant", "replicate": "edge",
-             "circular": "wrap"}
-
-Pads = tuple[tuple[int, int], ...]
-
-
-# ----------------------------------------------------------------------------
-# PyTorch's padding modes (F.pad), shared with MedianPool.
-# ----------------------------------------------------------------------------
-
-
-def check_pad_mode(value) -> str:
-  if not isinstance(value, str) or value not in PAD_MODES:
-    error = ValueError if isinstance(value, str) else TypeError
-    raise error(
-        f"`pad_mode` must be one of {', '.join(map(repr, PAD_MODES))} (F.pad's modes); "
-        f"got {value!r}.")
-  return value
-
-
-def check_torch_pads(spatial: tuple[int, ...], pads: Pads, mode: str, module: str) -> None:
-  """PyTorch's limits on ``F.pad``: reflect padding shorter than the dim, circular at most it."""
-  for axis, (length, (lo, hi)) in enumerate(zip(spatial, pads, strict=True)):
-    pad = max(lo, hi)
-    if mode == "reflect" and pad >= length:
-      raise ValueError(
-          f"{module}: reflect padding must be shorter than the dim it pads (PyTorch's F.pad "
-          f"rule: it mirrors the dim without its edge); spatial dim {axis} has length "
-          f"{length} and padding ({lo}, {hi}). Use an input at least {pad + 1} long there, "
-          "or less padding.")
-    if mode == "circular" and pad > length:
-      raise ValueError(
-          f"{module}: circular padding must be at most the length of the dim it pads "
-          f"(PyTorch's F.pad rule: it would wrap around more than once); spatial dim {axis} "
-          f"has length {length} and padding ({lo}, {hi}). Use an input at least {pad} long "
-          "there, or less padding.")
-
-
-def torch_pad(x: jax.Array, pads: Pads, mode: str) -> jax.Array:
-  """``F.pad(x, ..., mode=mode)`` of the spatial dims of a batched channels-last ``x``."""
-  if not any(lo or hi for lo, hi in pads):
-    return x
-  return jnp.pad(x, ((0, 0), *pads, (0, 0)), mode=PAD_MODES[mode])
-
+from ._args import flax_names, is_int
+from ._geometry import check_padded_size
+from ._jit import kernel, may_split_space
+from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
+from ._numerics import accumulation_dtype
+from ._spatial_args import SizeLike, as_tuple, spatial_dims
+from ._taps import splits_boxes
+from ._torch_pad import Pads, check_pad_mode, check_torch_pads, torch_pad
 
 # ----------------------------------------------------------------------------
 # The binomial blur: one strided 1-D pass per spatial dim.
@@ -147,35 +103,9 @@ def _strided_sum(x: jax.Array, axis: int, coeffs: tuple[float, ...], stride: int
   return total  # pyright: ignore[reportReturnType]  # not None: a filter has at least one tap
 
 
-def _strided_sum_adjoint(ct: jax.Array, axis: int, length: int, coeffs: tuple[float, ...],
-                         stride: int) -> jax.Array:
-  """The transpose of :func:`_strided_sum`, by stride phase: cell ``t * stride + r`` receives
-  ``coeffs[r + stride * i] * ct[t - i]``, unit-stride shifts of ``ct``, interleaved."""
-  out, k = ct.shape[axis], len(coeffs)
-  cells = -(-length // stride)  # per phase
-  zero = jnp.zeros((), ct.dtype)
-  phases = []
-  for r in range(stride):
-    total = None
-    for i, j in enumerate(range(r, k, stride)):
-      config = [(0, 0, 0)] * ct.ndim
-      config[axis] = (i, cells - i - out, 0)
-      term = lax.pad(ct, zero, config) * jnp.asarray(coeffs[j], ct.dtype)
-      total = term if total is None else total + term
-    if total is None:  # a stride longer than the filter: cells no window reads
-      shape = list(ct.shape)
-      shape[axis] = cells
-      total = jnp.zeros(shape, ct.dtype)
-    phases.append(total)
-  stacked = jnp.stack(phases, axis=axis + 1)
-  shape = list(ct.shape)
-  shape[axis] = cells * stride
-  return lax.slice_in_dim(stacked.reshape(shape), 0, length, 1, axis)
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
 def strided_sum(x: jax.Array, axis: int, coeffs: tuple[float, ...], stride: int) -> jax.Array:
-  """:func:`_strided_sum`, whose reverse mode runs :func:`_strided_sum_adjoint`.
+  """:func:`_strided_sum`, whose reverse mode runs :func:`_blur_axis_adjoint` (no padding).
 
   JAX's own transpose of a strided slice pads the cotangent with interior zeros, one
   input-sized array per tap: 82-105 ms against 42-50 ms forward and backward on the
@@ -189,8 +119,10 @@ def _strided_sum_jvp(axis, coeffs, stride, primals, tangents):
   (x,), (t,) = primals, tangents
   y = _strided_sum(x, axis, coeffs, stride)
   out = jax.ShapeDtypeStruct(y.shape, t.dtype)
+  # Its transpose is the blur's along one dim without padding.
   (t_out,) = jax.linear_transpose(
-      lambda ct: _strided_sum_adjoint(ct, axis, x.shape[axis], coeffs, stride), out)(t)
+      lambda ct: _blur_axis_adjoint(ct, axis, x.shape[axis], coeffs, stride, 0, "constant"),
+      out)(t)
   return y, t_out
 
 

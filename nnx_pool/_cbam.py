@@ -24,8 +24,8 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 from flax.typing import Dtype, PrecisionLike
 
-from nnx_pool._args import check_positive_int, flax_names
-from nnx_pool._gates import (
+from ._args import check_positive_int, flax_names
+from ._gates import (
   Activation,
   Initializer,
   _Gate,
@@ -33,10 +33,11 @@ from nnx_pool._gates import (
   _scaled,
   avg_max_summary,
 )
-from nnx_pool._layout import unbatch
-from nnx_pool._numerics import accumulation_dtype, spatial_mean, true_divide
-from nnx_pool._select import extremum
-from nnx_pool._torch_state import TORCH_KEYS, load
+from ._layout import unbatch
+from ._numerics import accumulation_dtype, spatial_mean, true_divide
+from ._select import extremum
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 class _CbamFamily(_Gate):

@@ -18,11 +18,12 @@ from flax import nnx
 from flax.nnx.nn.linear import default_kernel_init
 from flax.typing import Dtype, PrecisionLike
 
-from nnx_pool._args import check_bool, check_number, check_positive_int, flax_names
-from nnx_pool._gates import Activation, Initializer, _Gate, _layer_options, _scaled
-from nnx_pool._layout import unbatch
-from nnx_pool._numerics import spatial_mean
-from nnx_pool._torch_state import TORCH_KEYS, load
+from ._args import check_bool, check_number, check_positive_int, flax_names
+from ._gates import Activation, Initializer, _Gate, _layer_options, _scaled
+from ._layout import unbatch
+from ._numerics import spatial_mean
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 def eca_kernel_size(in_features: int, gamma: float = 2, beta: float = 1) -> int:

@@ -36,12 +36,9 @@ gradient of each output goes to exactly the cell its index names, and
 accumulates where windows overlap, in the order PyTorch's backward adds them.
 Inputs must be floating, as PyTorch's.
 
-Random samples come from ``samples``, from ``rngs`` (an ``nnx.Rngs``, whose
-``dropout`` stream is used, falling back to ``default`` as NNX does; an
-``nnx.RngStream``; or a key), or, in :func:`fractional_max_pool`, from ``key``:
-``jax.random.uniform`` in the input's dtype, one ``(C, num_spatial_dims)`` draw
-per example. There is no hidden global random state: with none of them, the call
-is an error.
+Random samples come from ``samples`` (PyTorch's ``_random_samples``), from the module's
+``rngs`` or from the function's ``key`` (:mod:`nnx_pool._random_samples`); there is no
+hidden global random state: with none of them, the call is an error.
 """
 
 from __future__ import annotations
@@ -59,24 +56,21 @@ from flax import nnx
 from jax import lax
 from jax.typing import ArrayLike
 
-from nnx_pool._args import check_bool, flax_names
-from nnx_pool._geometry import SizeLike, as_tuple, spatial_dims
-from nnx_pool._jit import kernel
-from nnx_pool._layout import (
-  as_array,
+from ._args import check_bool, flax_names
+from ._jit import kernel
+from ._layout import (
   check_in_features,
   check_nonempty_spatial,
   check_plane_indexable,
   prepare,
   unbatch,
 )
-from nnx_pool._select import Out, ValuesAndIndices, replaces
+from ._random_samples import check_key, key_from_rngs, samples_from
+from ._select import Out, ValuesAndIndices, replaces
+from ._spatial_args import SizeLike, as_tuple, spatial_dims
 
 # Which sample of a plane (PyTorch's ``_random_samples[n, c, :]``) drives each spatial dim.
 SAMPLE_OF_DIM = {1: (0,), 2: (1, 0), 3: (0, 1, 2)}
-
-# The nnx.Rngs stream that the module draws its samples from.
-RNG_STREAM = "dropout"
 
 
 # ----------------------------------------------------------------------------
@@ -246,85 +240,6 @@ def _out_shape(spatial: tuple[int, ...], window: tuple[int, ...], sizes, ratios,
   return sizes
 
 
-def _samples_from(samples, key, x_dtype, batch: tuple[int, ...], channels: int, ndim: int,
-                  name: str, source: str) -> jax.Array:
-  """``(N, C, ndim)`` samples in the input's dtype: given, or drawn with ``key``."""
-  n = math.prod(batch)
-  if samples is not None and key is not None:
-    raise TypeError(f"{name}: pass `samples` or `{source}`, not both.")
-  if samples is None and key is None:
-    hint = ("rngs=nnx.Rngs(dropout=0) (its 'dropout' stream, or 'default')"
-            if source == "rngs" else "key=jax.random.key(0)")
-    raise TypeError(
-        f"{name} needs random samples, and there is no hidden global random state: pass "
-        f"samples=<array of shape {(*batch, channels, ndim)} in [0, 1)> (PyTorch's "
-        f"_random_samples) or {hint}.")
-  if samples is None:
-    return jax.random.uniform(key, (n, channels, ndim), dtype=x_dtype)  # pyright: ignore[reportArgumentType]  # set: one of the two is
-  samples = as_array(samples, "samples")
-  if not jnp.issubdtype(samples.dtype, jnp.floating):
-    raise TypeError(
-        f"{name}: `samples` must be floating (PyTorch's torch.rand draws, in [0, 1)); got "
-        f"dtype {samples.dtype}.")
-  expected = (*batch, channels, ndim)
-  forms = [expected]
-  if not batch:
-    forms.append((1, channels, ndim))  # PyTorch's form for an unbatched input
-  if tuple(samples.shape) not in forms:
-    accepted = " or ".join(str(f) for f in forms)
-    raise ValueError(
-        f"{name}: `samples` must have shape {accepted} (the input's batch axes, its "
-        f"{channels} channels, one sample per spatial dim); got {tuple(samples.shape)}.")
-  _check_sample_range(samples, name)
-  return samples.reshape(n, channels, ndim).astype(x_dtype)
-
-
-def _check_sample_range(samples: jax.Array, name: str) -> None:
-  """Refuses concrete samples outside ``[0, 1)`` or NaN; traced ones (under jit) pass unseen."""
-  try:
-    values = np.asarray(samples, np.float64)
-  except jax.errors.TracerArrayConversionError:
-    return
-  outside = values[~((values >= 0) & (values < 1))]  # NaN compares false: outside too
-  if outside.size:
-    raise ValueError(
-        f"{name}: `samples` must lie in [0, 1), where PyTorch's torch.rand draws them; got "
-        f"{outside.size} outside it, the first {float(outside[0])!r}. Draw them with "
-        "jax.random.uniform, or pass rngs (key) instead.")
-
-
-def _key_from_rngs(rngs, name: str) -> jax.Array | None:
-  """A key from the module's ``rngs``: an ``nnx.Rngs`` (its dropout stream), an
-  ``nnx.RngStream``, or a key itself."""
-  if rngs is None:
-    return None
-  if isinstance(rngs, nnx.Rngs):
-    try:
-      stream = getattr(rngs, RNG_STREAM)
-    except AttributeError:
-      raise ValueError(
-          f"{name}: `rngs` has no '{RNG_STREAM}' stream and no 'default' one to fall back "
-          f"on; build it as nnx.Rngs({RNG_STREAM}=0) or nnx.Rngs(0), or pass the stream to "
-          "use, e.g. rngs=rngs.params.") from None
-    return stream()
-  if isinstance(rngs, nnx.RngStream):
-    return rngs()
-  if isinstance(rngs, jax.Array) and (jnp.issubdtype(rngs.dtype, jax.dtypes.prng_key)
-                                      or rngs.dtype == jnp.uint32):
-    return rngs
-  raise TypeError(
-      f"{name}: `rngs` must be an nnx.Rngs, an nnx.RngStream or a JAX key; got "
-      f"{type(rngs).__name__}.")
-
-
-def _check_key(key, name: str):
-  if key is None or (isinstance(key, jax.Array) and (
-      jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == jnp.uint32)):
-    return key
-  raise TypeError(
-      f"{name}: `key` must be a JAX key such as jax.random.key(0); got {type(key).__name__}.")
-
-
 def _fractional(inputs, window: tuple[int, ...], sizes, ratios, return_indices: bool,
                 in_features, samples, key, name: str, source: str, owner=None):
   x, batch = prepare(inputs, len(window), kind="float", module=name, in_features=in_features,
@@ -333,7 +248,7 @@ def _fractional(inputs, window: tuple[int, ...], sizes, ratios, return_indices: 
   spatial = tuple(x.shape[1:-1])
   check_plane_indexable(spatial, name)
   out_shape = _out_shape(spatial, window, sizes, ratios, name)
-  samples = _samples_from(samples, key, x.dtype, batch, x.shape[-1], len(window), name,
+  samples = samples_from(samples, key, x.dtype, batch, x.shape[-1], len(window), name,
                           source)
   return unbatch(fractional_max(x, samples, window, out_shape, return_indices), batch)
 
@@ -405,7 +320,7 @@ def fractional_max_pool(
   window, sizes, ratios, return_indices, in_features = _configure(
       window_shape, output_size, output_ratio, return_indices, num_spatial_dims, in_features)
   return _fractional(inputs, window, sizes, ratios, return_indices, in_features, samples,
-                     _check_key(key, "fractional_max_pool"), "fractional_max_pool", "key")
+                     check_key(key, "fractional_max_pool"), "fractional_max_pool", "key")
 
 
 class FractionalMaxPool(nnx.Module, Generic[Out]):
@@ -503,4 +418,4 @@ class FractionalMaxPool(nnx.Module, Generic[Out]):
       raise TypeError(f"{name}: pass `samples` or `rngs`, not both.")
     return cast(Out, _fractional(inputs, self.window_shape, self.output_size, self.output_ratio,
                                  self.return_indices, self.in_features, samples,
-                                 _key_from_rngs(rngs, name), name, "rngs", self))
+                                 key_from_rngs(rngs, name), name, "rngs", self))

@@ -66,17 +66,17 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from nnx_pool._args import (
+from ._args import (
   check_bool,
   check_callable,
   check_num_spatial_dims,
   check_number,
   check_positive_int,
 )
-from nnx_pool._jit import kernel
-from nnx_pool._layout import check_nonempty_spatial, prepare
-from nnx_pool._numerics import accumulation_dtype, true_divide
-from nnx_pool._select import extremum
+from ._jit import kernel
+from ._layout import check_nonempty_spatial, prepare
+from ._numerics import accumulation_dtype, true_divide
+from ._select import extremum
 
 Activation = Callable[[jax.Array], jax.Array]
 Initializer = Callable[..., jax.Array]

@@ -36,12 +36,13 @@ import numpy as np
 from flax import nnx
 from flax.typing import Dtype
 
-from nnx_pool._adaptive import adaptive_max
-from nnx_pool._args import check_bool, check_num_spatial_dims, check_number, flax_names
-from nnx_pool._jit import kernel
-from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
-from nnx_pool._numerics import accumulation_dtype, mean
-from nnx_pool._torch_state import TORCH_KEYS, load
+from ._adaptive import adaptive_max
+from ._args import check_bool, check_num_spatial_dims, check_number, flax_names
+from ._jit import kernel
+from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
+from ._numerics import accumulation_dtype, mean
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 # ----------------------------------------------------------------------------
 # Argument checks.

@@ -1,17 +1,10 @@
 """Window geometry: the one place that turns pooling arguments into shapes.
 
-Every module resolves its arguments here: integers or tuples into per-dim
-tuples, a padding spec into ``(low, high)`` pairs, and an input shape into the
-output shape, the padding actually applied, and the per-cell counts that the
-average divisors and the argmax bookkeeping need; and the adaptive pools'
-bins. All of it is static NumPy and Python arithmetic on shapes; nothing here
-touches a traced array.
-
-One rule for how many spatial dims a module pools (:func:`spatial_dims`): a
-tuple argument sets them by its length, an int is repeated over
-``num_spatial_dims``, and ``num_spatial_dims`` defaults to 2 (PyTorch's
-``MaxPool2d(2)``, ``AdaptiveAvgPool2d(1)``). Arguments that disagree are a
-ValueError.
+Every module resolves its window here (:class:`Window`, from arguments whose forms
+:mod:`nnx_pool._spatial_args` checks): an input shape into the output shape, the
+padding actually applied, and the per-cell counts that the average divisors and the
+argmax bookkeeping need; and the adaptive pools' bins. All of it is static NumPy and
+Python arithmetic on shapes; nothing here touches a traced array.
 
 The rules are PyTorch's (``aten/src/ATen/native/Pool.h``) for explicit padding
 and lax/Flax's for ``"SAME"``:
@@ -32,15 +25,22 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Literal, overload
 
 import numpy as np
 
-from nnx_pool._args import check_bool, check_num_spatial_dims, is_int
-from nnx_pool._layout import rank_message
+from ._args import check_bool, is_int
+from ._layout import rank_message
+from ._spatial_args import (
+  PADDING_FORMS,
+  PaddingLike,
+  PaddingSpec,
+  SizeLike,
+  as_tuple,
+  parse_padding,
+  refuse_flat_padding,
+  spatial_dims,
+)
 
-# The largest window, stride, dilation or padding entry: sizes are int64 in XLA and PyTorch.
-MAX_SIZE = 2**63 - 1
 # The longest padded spatial dim: coordinates inside the kernels are int32.
 MAX_COORDINATE = 2**31 - 1
 # The most elements a padded input may have. XLA sizes an array in int64 bytes, and an element
@@ -48,156 +48,10 @@ MAX_COORDINATE = 2**31 - 1
 # ("overflow in static extent product", exit 134) instead of raising.
 MAX_ELEMENTS = 2**60
 
-# The argument types of the public signatures. An int is a Python or NumPy integer (a bool is
-# refused at run time); a window, stride or dilation is one int for every spatial dim or one
-# per dim; padding is "VALID"/"SAME" (any case), an int, one int per dim or one (low, high)
-# pair per dim.
-IntLike = int | np.integer
-SizeLike = IntLike | Sequence[IntLike]
-PaddingLike = str | IntLike | Sequence[IntLike] | Sequence[tuple[IntLike, IntLike]]
-# An adaptive pool's output size: an int for every spatial dim, or one per dim (None keeps it).
-OutputSizeLike = IntLike | Sequence[IntLike | None]
-# A resolved padding spec: "VALID", "SAME", or one (low, high) pair per dim.
-Pairs = tuple[tuple[int, int], ...]
-PaddingSpec = Literal["VALID", "SAME"] | Pairs
-
-_PADDING_FORMS = (
-    '"VALID" or "SAME" (any case), an int (both sides of every dim), '
-    "a tuple of ints (symmetric per dim), or a tuple of (low, high) pairs"
-)
-
 
 def effective_window(window: int, dilation: int) -> int:
   """The span of a dilated window, ``dilation * (window - 1) + 1`` cells."""
   return dilation * (window - 1) + 1
-
-
-def _length(value) -> int | None:
-  """How many spatial dims an argument names: its length when a sequence, else None."""
-  if isinstance(value, Sequence) and not isinstance(value, str):
-    return len(value)
-  return None
-
-
-def spatial_dims(num_spatial_dims=None, **arguments) -> int:
-  """The number of spatial dims a module pools, from the one rule for every module.
-
-  Each tuple among ``arguments`` (name to value) sets the dims by its length;
-  ints and strings set nothing. An explicit ``num_spatial_dims`` (1, 2 or 3)
-  must agree with every tuple; with neither, the default is 2.
-
-  Raises:
-    TypeError: ``num_spatial_dims`` is not an int.
-    ValueError: ``num_spatial_dims`` is not 1, 2 or 3, a tuple has another
-      length, or two of them disagree.
-  """
-  if num_spatial_dims is not None:
-    num_spatial_dims = check_num_spatial_dims(num_spatial_dims)
-  source = None if num_spatial_dims is None else f"`num_spatial_dims={num_spatial_dims}`"
-  ndim = num_spatial_dims
-  for name, value in arguments.items():
-    length = _length(value)
-    if length is None:
-      continue
-    if not 1 <= length <= 3:
-      raise ValueError(
-          f"`{name}` must have 1, 2 or 3 entries (one per spatial dim); got {value!r}.")
-    if ndim is None:
-      ndim, source = length, f"`{name}` {value!r}"
-    elif length != ndim:
-      raise ValueError(
-          f"`{name}` {value!r} has {length} entries, but {source} sets {ndim} spatial dim(s); "
-          "give every tuple one entry per spatial dim, or an int for all of them."
-      )
-  return 2 if ndim is None else ndim
-
-
-def as_tuple(value, ndim: int, name: str, *, minimum: int = 1) -> tuple[int, ...]:
-  """Returns ``value`` (an int or a sequence of ``ndim`` ints) as an ``ndim``-tuple.
-
-  Raises:
-    TypeError: ``value`` is neither an int nor a sequence of ints.
-    ValueError: wrong length, or an entry below ``minimum``.
-  """
-  if is_int(value):
-    values = (int(value),) * ndim
-  elif isinstance(value, Sequence) and not isinstance(value, str):
-    if not all(is_int(v) for v in value):
-      raise TypeError(f"`{name}` must be an int or a tuple of ints; got {value!r}.")
-    values = tuple(int(v) for v in value)
-    if len(values) != ndim:
-      raise ValueError(
-          f"`{name}` must have one entry per spatial dim ({ndim}); got {value!r} "
-          f"with {len(values)}."
-      )
-  else:
-    raise TypeError(f"`{name}` must be an int or a tuple of ints; got {value!r}.")
-  if any(v < minimum for v in values):
-    raise ValueError(f"`{name}` entries must be >= {minimum}; got {value!r}.")
-  if any(v > MAX_SIZE for v in values):
-    raise ValueError(f"`{name}` entries must be at most 2**63 - 1 (int64); got {value!r}.")
-  return values
-
-
-def _flat_pad_pairs(padding) -> Pairs | None:
-  """F.pad's flat ``(left, right, top, bottom[, front, back])`` as pairs, first dim first."""
-  if (isinstance(padding, Sequence) and not isinstance(padding, str)
-      and len(padding) in (4, 6) and all(is_int(p) for p in padding)):
-    pairs = [(int(padding[i]), int(padding[i + 1])) for i in range(0, len(padding), 2)]
-    return tuple(reversed(pairs))
-  return None
-
-
-def refuse_flat_padding(padding, forms: str, source: str = "") -> None:
-  """Refuses F.pad's flat 4- or 6-tuple ``padding`` (no module's form), with the pairs to write.
-
-  ``forms`` says what the module takes; ``source`` names where the flat form comes from.
-  """
-  pairs = _flat_pad_pairs(padding)
-  if pairs is not None:
-    raise ValueError(
-        f"`padding` {padding!r} reads as F.pad's flat (left, right, top, bottom[, front, "
-        f"back]) order{source}; here padding is {forms}, first dim first: write "
-        f"padding={pairs!r}.")
-
-
-@overload
-def parse_padding(padding: str, ndim: int) -> Literal["VALID", "SAME"]: ...
-@overload
-def parse_padding(padding: IntLike | Sequence[IntLike] | Sequence[tuple[IntLike, IntLike]],
-                  ndim: int) -> Pairs: ...
-@overload
-def parse_padding(padding: object, ndim: int) -> PaddingSpec: ...
-def parse_padding(padding: object, ndim: int) -> PaddingSpec:
-  """Validates a padding argument and returns "VALID", "SAME" or (low, high) pairs."""
-  if isinstance(padding, str):
-    upper = padding.upper()
-    if upper not in ("VALID", "SAME"):
-      raise ValueError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
-    return upper
-  if is_int(padding):
-    pairs = ((int(padding), int(padding)),) * ndim
-  elif isinstance(padding, Sequence):
-    if len(padding) != ndim:
-      raise ValueError(
-          f"`padding` must have one entry per spatial dim ({ndim}); got {padding!r}. "
-          f"Accepted: {_PADDING_FORMS}."
-      )
-    if all(is_int(p) for p in padding):
-      pairs = tuple((int(p), int(p)) for p in padding)
-    elif all(
-        isinstance(p, Sequence) and len(p) == 2 and all(is_int(q) for q in p) for p in padding
-    ):
-      pairs = tuple((int(lo), int(hi)) for lo, hi in padding)
-    else:
-      raise TypeError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
-  else:
-    raise TypeError(f"`padding` must be {_PADDING_FORMS}; got {padding!r}.")
-  if any(v < 0 for pair in pairs for v in pair):
-    raise ValueError(f"`padding` must be non-negative; got {padding!r}.")
-  if any(v > MAX_SIZE for pair in pairs for v in pair):
-    raise ValueError(f"`padding` entries must be at most 2**63 - 1 (int64); got {padding!r}.")
-  return pairs
 
 
 def check_padded_size(shape: Sequence[int], pads: Sequence[tuple[int, int]], prefix: str,
@@ -239,7 +93,7 @@ class Window:
 
     ``layer``, the module or function being built, prefixes the padding-limit error.
     """
-    refuse_flat_padding(padding, _PADDING_FORMS)
+    refuse_flat_padding(padding, PADDING_FORMS)
     ndim = spatial_dims(num_spatial_dims, window_shape=window_shape, strides=strides,
                         padding=padding, dilation=dilation)
     shape = as_tuple(window_shape, ndim, "window_shape")

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_pool._args import check_positive_int
+from ._args import check_positive_int
 
 DtypeKind = Literal["float", "ordered"]
 
@@ -230,6 +230,18 @@ def prepare(
     warn_channels_first(x, num_spatial, module, owner)
   if len(batch) != 1:
     x = x.reshape(math.prod(batch), *x.shape[len(batch):])
+  return x, batch
+
+
+def prepare_map(inputs, num_spatial: int, kind: DtypeKind, in_features: int | None,
+                module: str, owner=None, *, indexed: bool) -> tuple[jax.Array, tuple[int, ...]]:
+  """:func:`prepare` for a pool over the whole map or bins of it: no spatial dim may be empty,
+  and with ``indexed`` (a max, which keeps int32 flat indices) a plane must be indexable."""
+  x, batch = prepare(inputs, num_spatial, kind=kind, module=module, in_features=in_features,
+                     owner=owner)
+  check_nonempty_spatial(x, module)
+  if indexed:
+    check_plane_indexable(x.shape[1:-1], module, " The max keeps one (for its gradient too).")
   return x, batch
 
 

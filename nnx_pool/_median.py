@@ -38,21 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool._adjoint import gather
-from nnx_pool._args import check_bool, flax_names
-from nnx_pool._blur import check_torch_pads, torch_pad
-from nnx_pool._geometry import (
-  Geometry,
-  PaddingLike,
-  SizeLike,
-  Window,
-  parse_padding,
-  refuse_flat_padding,
-  spatial_dims,
-)
-from nnx_pool._jit import kernel
-from nnx_pool._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
-from nnx_pool._taps import taps
+from ._adjoint import gather
+from ._args import check_bool, flax_names
+from ._geometry import Geometry, Window
+from ._jit import kernel
+from ._layout import check_in_features, check_nonempty_spatial, prepare, unbatch
+from ._spatial_args import PaddingLike, SizeLike, parse_padding, refuse_flat_padding, spatial_dims
+from ._taps import taps
+from ._torch_pad import check_torch_pads, torch_pad
 
 Pads = tuple[tuple[int, int], ...]
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from nnx_pool._jit import kernel
+from ._jit import kernel
 
 
 def accumulation_dtype(dtype) -> jnp.dtype:
@@ -28,7 +28,8 @@ def accumulation_dtype(dtype) -> jnp.dtype:
 
 
 def true_divide(total: jax.Array, divisor) -> jax.Array:
-  """``total / divisor``, correctly rounded, for a static ``divisor`` broadcastable to ``total``.
+  """``total / divisor``, correctly rounded, for a ``divisor`` (static or traced) broadcastable
+  to ``total``.
 
   XLA CPU rewrites ``x / broadcast(d)`` into ``x * broadcast(1 / d)``, even for a
   runtime scalar (jaxlib 0.10; 0.7 still divided): one ULP away from PyTorch's

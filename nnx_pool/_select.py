@@ -29,9 +29,9 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from nnx_pool._geometry import Geometry
-from nnx_pool._jit import scoped
-from nnx_pool._taps import along, bin_slots, box_input, box_mask, boxes, taps
+from ._geometry import Geometry
+from ._jit import scoped
+from ._taps import along, bin_slots, box_input, box_mask, boxes, taps
 
 Kind = Literal["max", "min"]
 
@@ -95,17 +95,21 @@ def extremum(x: jax.Array, axis, kind: Kind, *, keepdims: bool = False) -> jax.A
   return best
 
 
-def arg_extremum(x: jax.Array, axis: int, kind: Kind) -> tuple[jax.Array, jax.Array]:
+def arg_extremum(x: jax.Array, axis: int, kind: Kind, *,
+                 valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """:func:`replaces` as a reduction over ``axis``: the extremum and its slot (int32).
 
   The slot is the first extremum along ``axis``, or the last NaN when there is
   one, as the scan would leave it; plain min/max reductions, which fuse, not a
-  scan or an argmax.
+  scan or an argmax. ``valid`` (broadcastable to ``x``): the slots that may win, the
+  others holding :func:`identity` (so a valid cell equal to it still wins); none
+  valid gives the slot ``x.shape[axis]``.
   """
   k = x.shape[axis]
   slot = lax.broadcasted_iota(jnp.int32, x.shape, axis)
   best = extremum(x, axis, kind)
-  winner = jnp.min(jnp.where(x == jnp.expand_dims(best, axis), slot, k), axis=axis)
+  ties = x == jnp.expand_dims(best, axis)
+  winner = jnp.min(jnp.where(ties if valid is None else ties & valid, slot, k), axis=axis)
   if jnp.issubdtype(x.dtype, jnp.floating):
     nan = jnp.isnan(x)
     winner = jnp.where(jnp.any(nan, axis=axis), jnp.max(jnp.where(nan, slot, -1), axis=axis),

@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nnx_pool._adjoint import stage_select, tap_select, tap_sum
-from nnx_pool._geometry import DimGeometry, Geometry
-from nnx_pool._jit import scoped
-from nnx_pool._select import Kind, offset_dtype_for, select_forward, stage_arg_select
+from ._adjoint import stage_select, tap_select, tap_sum
+from ._geometry import DimGeometry, Geometry
+from ._jit import scoped
+from ._select import Kind, offset_dtype_for, select_forward, stage_arg_select
 
 # Windows with more taps than this are decomposed one spatial dim at a time.
 UNROLL_LIMIT = 64

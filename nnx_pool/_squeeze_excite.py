@@ -22,8 +22,8 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 from flax.typing import Dtype, PrecisionLike
 
-from nnx_pool._args import check_bool, check_positive_int, flax_names
-from nnx_pool._gates import (
+from ._args import check_bool, check_positive_int, flax_names
+from ._gates import (
   Activation,
   Initializer,
   _check_initializer,
@@ -32,9 +32,10 @@ from nnx_pool._gates import (
   _scaled,
   avg_max_summary,
 )
-from nnx_pool._layout import unbatch
-from nnx_pool._numerics import spatial_mean
-from nnx_pool._torch_state import TORCH_KEYS, load
+from ._layout import unbatch
+from ._numerics import spatial_mean
+from ._torch_keys import TORCH_KEYS
+from ._torch_state import load
 
 
 class SqueezeExcitation(_Gate):

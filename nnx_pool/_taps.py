@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from nnx_pool._geometry import DimGeometry, Geometry, adaptive_bins
-from nnx_pool._jit import may_split_space
+from ._geometry import DimGeometry, Geometry, adaptive_bins
+from ._jit import may_split_space
 
 
 def _tap_phases(d: DimGeometry) -> list[tuple[int, int, int]]:

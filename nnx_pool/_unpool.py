@@ -7,25 +7,21 @@ MaxPool takes. So the arguments of a MaxPool, copied over, always work.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from nnx_pool._args import flax_names
-from nnx_pool._geometry import (
-  IntLike,
-  PaddingLike,
-  SizeLike,
-  Window,
-  as_tuple,
-  effective_window,
-)
-from nnx_pool._jit import kernel
-from nnx_pool._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
+from ._args import check_choice, flax_names
+from ._geometry import Window, effective_window
+from ._jit import kernel
+from ._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
+from ._spatial_args import IntLike, PaddingLike, SizeLike, as_tuple
 
 
 def default_output_size(window: Window, input_size: Sequence[int]) -> tuple[int, ...]:
@@ -78,8 +74,14 @@ def _output_size(window: Window, input_size: tuple[int, ...], output_size) -> tu
   return size
 
 
-def _max_unpool(inputs, indices, window: Window, output_size, in_features, name,
-                owner=None) -> jax.Array:
+# The rules for the gradient of the inputs: MaxUnpool's `gradient` argument.
+Gradient = Literal["written", "gather"]
+_GRADIENTS = {"written": "each cell's cotangent to the value written there",
+              "gather": "every value gets the cotangent of the cell its index names, PyTorch's"}
+
+
+def _max_unpool(inputs, indices, window: Window, output_size, gradient: str, in_features,
+                name, owner=None) -> jax.Array:
   shape = tuple(as_array(inputs).shape)
   indices = as_array(indices, "indices")
   x, batch = prepare(inputs, window.ndim, kind="ordered", module=name, in_features=in_features,
@@ -105,7 +107,7 @@ def _max_unpool(inputs, indices, window: Window, output_size, in_features, name,
           f"{name}: `indices` must lie in [0, {plane}) for output size {size}; got values "
           f"in [{low}, {high}]."
       )
-  return unbatch(_unpool(x, indices.astype(jnp.int32), size), batch)
+  return unbatch(_unpool(x, indices.astype(jnp.int32), size, gradient), batch)
 
 
 @flax_names
@@ -113,7 +115,8 @@ def max_unpool(
     inputs: jax.Array, indices: jax.Array, window_shape: SizeLike,
     strides: SizeLike | None = None, padding: PaddingLike = "VALID", *,
     num_spatial_dims: int | None = None, dilation: SizeLike = 1,
-    output_size: Sequence[IntLike] | None = None, in_features: int | None = None,
+    output_size: Sequence[IntLike] | None = None, gradient: Gradient = "written",
+    in_features: int | None = None,
 ) -> jax.Array:
   """The function form of :class:`MaxUnpool`: the same arguments, defaults and checks.
 
@@ -134,8 +137,9 @@ def max_unpool(
   """
   window = Window.create(window_shape, strides, padding, dilation=dilation,
                          num_spatial_dims=num_spatial_dims, layer="max_unpool")
-  return _max_unpool(inputs, indices, window, output_size, check_in_features(in_features),
-                     "max_unpool")
+  return _max_unpool(inputs, indices, window, output_size,
+                     check_choice(gradient, "gradient", _GRADIENTS),
+                     check_in_features(in_features), "max_unpool")
 
 
 class MaxUnpool(nnx.Module):
@@ -153,8 +157,16 @@ class MaxUnpool(nnx.Module):
   Outside ``jax.jit``, indices out of range raise ``ValueError``; inside it
   they are dropped.
 
-  The result is differentiable in ``inputs``: each cell's cotangent goes back to
-  the input that was written there.
+  The result is differentiable in ``inputs``, by one of two rules (``gradient``).
+  They differ only where indices collide (overlapping pooling windows that chose the
+  same cell), where one value is written and the others are not:
+
+  * ``"written"`` (the default): each cell's cotangent goes back to the input that was
+    written there, and the others get 0: the derivative of this forward.
+  * ``"gather"``: every input gets the cotangent of the cell its index names, written
+    or not: PyTorch's backward (``grad_output`` gathered at ``indices``), for
+    gradients that match PyTorch's when porting. Forward mode gives its transpose,
+    the sum of the tangents of every input naming a cell.
 
   Example usage::
 
@@ -178,6 +190,7 @@ class MaxUnpool(nnx.Module):
     num_spatial_dims: 1, 2 or 3, keyword-only (default 2, unless a tuple
       argument sets it by its length).
     dilation: the pooling's dilation, an int or a tuple (default 1).
+    gradient: ``"written"`` (default) or ``"gather"`` (PyTorch's), the rule above.
     in_features: the channel count, checked against the last axis when given
       (default None).
   """
@@ -185,9 +198,11 @@ class MaxUnpool(nnx.Module):
   @flax_names
   def __init__(self, window_shape: SizeLike, strides: SizeLike | None = None,
                padding: PaddingLike = "VALID", *, num_spatial_dims: int | None = None,
-               dilation: SizeLike = 1, in_features: int | None = None):
+               dilation: SizeLike = 1, gradient: Gradient = "written",
+               in_features: int | None = None):
     self.window = Window.create(window_shape, strides, padding, dilation=dilation,
                                 num_spatial_dims=num_spatial_dims, layer=type(self).__name__)
+    self.gradient = check_choice(gradient, "gradient", _GRADIENTS)
     self.in_features = check_in_features(in_features)
 
   def default_output_size(self, input_size: Sequence[int]) -> tuple[int, ...]:
@@ -214,17 +229,14 @@ class MaxUnpool(nnx.Module):
     Returns:
       ``(N, *output_size, C)`` (or ``(*output_size, C)``), zero where no index points.
     """
-    return _max_unpool(inputs, indices, self.window, output_size, self.in_features,
-                       type(self).__name__, self)
+    return _max_unpool(inputs, indices, self.window, output_size, self.gradient,
+                       self.in_features, type(self).__name__, self)
 
 
-@kernel(static_argnums=2)
-def _unpool(x: jax.Array, indices: jax.Array, size: tuple[int, ...]) -> jax.Array:
-  n, c = x.shape[0], x.shape[-1]
-  cells, plane = math.prod(x.shape[1:-1]), math.prod(size)
-  # (N, P, C) -> (N, C, P): one row per plane (P spelt out: N or C may be 0).
-  values = jnp.moveaxis(x.reshape(n, cells, c), -1, 1)
-  targets = jnp.moveaxis(indices.reshape(n, cells, c), -1, 1)
+def _written(values: jax.Array, targets: jax.Array, plane: int) -> jax.Array:
+  """Each row of ``values`` ``(N, C, cells)`` written to its ``targets`` in a row of ``plane``
+  cells: where several name a cell, the last in input order; zeros where none does."""
+  cells = values.shape[-1]
 
   def winners(target):
     # The highest input position writing each cell wins; -1 where none writes.
@@ -233,5 +245,33 @@ def _unpool(x: jax.Array, indices: jax.Array, size: tuple[int, ...]) -> jax.Arra
 
   winner = jax.vmap(jax.vmap(winners))(targets)
   gathered = jnp.take_along_axis(values, jnp.maximum(winner, 0), axis=-1)
-  y = jnp.where(winner >= 0, gathered, jnp.zeros((), x.dtype))
+  return jnp.where(winner >= 0, gathered, jnp.zeros((), values.dtype))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _gathered(values: jax.Array, targets: jax.Array, plane: int) -> jax.Array:
+  """:func:`_written`, differentiated by PyTorch's rule: the transpose of its tangent map (a
+  scatter-add of every value to its target) gathers each cell's cotangent to every value
+  whose index names it."""
+  return _written(values, targets, plane)
+
+
+@_gathered.defjvp
+def _gathered_jvp(plane, primals, tangents):
+  values, targets = primals
+
+  def scatter_add(tangent, target):
+    return jnp.zeros((plane,), tangent.dtype).at[target].add(tangent, mode="drop")
+
+  return _gathered(values, targets, plane), jax.vmap(jax.vmap(scatter_add))(tangents[0], targets)
+
+
+@kernel(static_argnums=(2, 3))
+def _unpool(x: jax.Array, indices: jax.Array, size: tuple[int, ...], gradient: str) -> jax.Array:
+  n, c = x.shape[0], x.shape[-1]
+  cells, plane = math.prod(x.shape[1:-1]), math.prod(size)
+  # (N, P, C) -> (N, C, P): one row per plane (P spelt out: N or C may be 0).
+  values = jnp.moveaxis(x.reshape(n, cells, c), -1, 1)
+  targets = jnp.moveaxis(indices.reshape(n, cells, c), -1, 1)
+  y = (_written if gradient == "written" else _gathered)(values, targets, plane)
   return jnp.moveaxis(y, 1, -1).reshape(n, *size, c)

@@ -44,18 +44,14 @@ batch axes                any number before the window    the same; an NCHW-look
 ========================  ==============================  ===================================
 """
 
-from nnx_pool._adaptive import (
-  adaptive_avg_pool,
-  adaptive_max_pool,
-  global_avg_pool,
-  global_max_pool,
-)
-from nnx_pool._blur import blur_pool
-from nnx_pool._fractional import fractional_max_pool
-from nnx_pool._generalized import gem_pool, lse_plus_pool
-from nnx_pool._median import median_pool
-from nnx_pool._pool import avg_pool, lp_pool, max_pool, min_pool
-from nnx_pool._unpool import max_unpool
+from ._adaptive import adaptive_avg_pool, adaptive_max_pool
+from ._blur import blur_pool
+from ._fractional import fractional_max_pool
+from ._generalized import gem_pool, lse_plus_pool
+from ._global import global_avg_pool, global_max_pool
+from ._median import median_pool
+from ._pool import avg_pool, lp_pool, max_pool, min_pool
+from ._unpool import max_unpool
 
 # Grouped by family: window pools, unpooling, adaptive and global pools, generalized
 # pools, and timm's anti-aliased, median and PyTorch's fractional pools.

@@ -617,25 +617,50 @@ def adaptive_max_pool(
   return values, indices
 
 
-def global_avg_pool(x: np.ndarray) -> np.ndarray:
+def _valid_cells(mask: np.ndarray, x_shape: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
+  """The spatial cells of batch entry ``n`` where ``mask`` (shape ``x_shape[:-1]``) is nonzero,
+  row-major."""
+  if mask.shape != x_shape[:-1]:
+    raise ValueError(f"mask must have shape {x_shape[:-1]} (x's without C), got {mask.shape}")
+  return [cell for cell in itertools.product(*map(range, x_shape[1:-1])) if mask[(n, *cell)]]
+
+
+def global_avg_pool(x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
   """Mean over all spatial axes of ``(N, *spatial, C)``: shape ``(N, C)``.
 
-  Float64 sum divided by the number of spatial cells, cast to ``x.dtype``.
+  Float64 sum divided by the number of spatial cells, cast to ``x.dtype``. With a
+  ``mask`` ``(N, *spatial)``: the float64 sum over the cells where it is nonzero
+  divided by their count (Keras's masked ``GlobalAveragePooling1D``), and 0 for an
+  entry with no such cell (PyTorch's ``embedding_bag`` for an empty bag).
   """
   x = np.asarray(x)
-  nd = x.ndim - 2
-  return adaptive_avg_pool(x, (1,) * nd).reshape(x.shape[0], x.shape[-1])
+  if mask is None:
+    return adaptive_avg_pool(x, (1,) * (x.ndim - 2)).reshape(x.shape[0], x.shape[-1])
+  out = np.zeros((x.shape[0], x.shape[-1]), np.float64)
+  for n in range(x.shape[0]):
+    cells = _valid_cells(np.asarray(mask), x.shape, n)
+    if cells:
+      out[n] = _sum(x[n:n + 1], cells)[0] / len(cells)
+  return out.astype(x.dtype)
 
 
-def global_max_pool(x: np.ndarray) -> np.ndarray:
+def global_max_pool(x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
   """Max over all spatial axes of ``(N, *spatial, C)``: shape ``(N, C)``.
 
-  Same rule as :func:`max_pool`, so any NaN in a plane gives NaN.
+  Same rule as :func:`max_pool`, so any NaN in a plane gives NaN. With a ``mask``
+  ``(N, *spatial)``: the same rule over the cells where it is nonzero, and 0 for an
+  entry with no such cell.
   """
   x = np.asarray(x)
-  nd = x.ndim - 2
-  values, _ = adaptive_max_pool(x, (1,) * nd)
-  return values.reshape(x.shape[0], x.shape[-1])
+  if mask is None:
+    values, _ = adaptive_max_pool(x, (1,) * (x.ndim - 2))
+    return values.reshape(x.shape[0], x.shape[-1])
+  out = np.zeros((x.shape[0], x.shape[-1]), x.dtype)
+  for n in range(x.shape[0]):
+    cells = _valid_cells(np.asarray(mask), x.shape, n)
+    if cells:
+      out[n] = _select(x[n:n + 1], cells, "max", 0)[0][0]
+  return out
 
 
 # ----------------------------------------------------------------------------

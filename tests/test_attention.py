@@ -1,4 +1,4 @@
-"""Tests for the attention pooling heads (nnx_pool._attention).
+"""Tests for the attention pooling heads (nnx_pool._attention_pool, nnx_pool._latent_pool).
 
 Each expectation says where it comes from: a hand computation, a float64 NumPy
 statement of the head written here, or PyTorch 2.13 CPU running a re-statement
@@ -26,13 +26,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_pool._attention import (
-  AttentionPool,
-  AttentionPoolLatent,
-  antialiased_bicubic_weights,
-  attend,
-  resample_pos_embed,
-)
+from nnx_pool import AttentionPool, AttentionPoolLatent
+from nnx_pool._attention import attend
+from nnx_pool._pos_embed import antialiased_bicubic_weights, resample_pos_embed
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 _TOL = 1e-5  # the issue's bound, values and gradients
@@ -513,6 +509,98 @@ def test_attention_pool_latent_matches_pytorch_and_numpy(case):
                lambda x: np_attention_pool_latent(sd, x, num_heads=2,
                                                   pool_type=options["pool_type"]),
                nchw=False)
+
+
+# ----------------------------------------------------------------------------
+# timm's pre_logits and reset (AttentionPool2d.forward(x, pre_logits=True), .reset).
+# ----------------------------------------------------------------------------
+
+
+def _without_proj(sd):
+  return {k: v for k, v in sd.items() if not k.startswith("proj.")}
+
+
+@pytest.mark.parametrize("case", ["timm separate q/k/v, class token, map",
+                                  "open_clip ModifiedResNet keys"])
+def test_pre_logits_is_the_input_of_the_projection(case):
+  # timm 1.0.31 returns the pooled tokens before self.proj; so is the float64 NumPy statement
+  # without proj.*, and PyTorch's re-statement of timm's forward without proj.* when torch is
+  # here. The projection of those features is the ordinary output.
+  sd, options, shape, _ = _POOL_CASES[case]
+  head = AttentionPool.from_torch(sd, num_heads=2, **options)
+  x = np.random.default_rng(23).uniform(-1, 1, shape).astype(np.float32)
+  pool_type = options.get("pool_type", "token")
+  features, logits = nnx.jit(lambda m, x: (m(x, pre_logits=True), m(x)))(head, x)
+  timm_sd = _timm_keys(sd)
+  want = np_attention_pool(_without_proj(timm_sd), x, num_heads=2, pool_type=pool_type)
+  assert features.shape == want.shape == (*shape[:1], *(shape[1:3] if pool_type == "" else ()),
+                                          head.embed_dim)
+  np.testing.assert_allclose(features, want, rtol=_TOL, atol=_TOL)
+  np.testing.assert_allclose(logits, np_linear(want, timm_sd, "proj"), rtol=_TOL, atol=_TOL)
+  assert head.proj is not None  # kept for the next call without pre_logits
+  torch = pytest.importorskip("torch", reason=_TORCH_REASON)
+  theirs = timm_attention_pool2d(
+      torch, {k: torch.from_numpy(v) for k, v in _without_proj(timm_sd).items()},
+      torch.from_numpy(np.moveaxis(x, -1, 1).copy()), num_heads=2, feat_size=(3, 3),
+      pool_type=pool_type).numpy()
+  theirs = np.moveaxis(theirs, 1, -1) if theirs.ndim == 4 else theirs  # PyTorch 2.13 CPU
+  np.testing.assert_allclose(features, theirs, rtol=_TOL, atol=_TOL)
+
+
+def _leaves(module) -> dict[str, np.ndarray]:
+  """Every parameter of ``module`` by its path, as NumPy arrays."""
+  return flat(nnx.to_pure_dict(nnx.state(module)))
+
+
+def test_reset_gives_a_new_projection_and_keeps_every_other_weight_bit_for_bit():
+  sd, _, shape, _ = _POOL_CASES["timm separate q/k/v, class token, map"]
+  head = AttentionPool.from_torch(sd, num_heads=2, pool_type="token")
+  x = jnp.asarray(np.random.default_rng(24).uniform(-1, 1, shape), jnp.float32)
+  before = _leaves(head)
+  features = head(x, pre_logits=True)
+
+  head.reset(10, rngs=nnx.Rngs(3))
+  after = _leaves(head)
+  kept = {k for k in before if not k.startswith("proj.")}
+  assert kept == {k for k in after if not k.startswith("proj.")}
+  assert {"q.kernel", "k.bias", "v.kernel", "pos_embed", "cls_token"} <= kept
+  for key in kept:
+    np.testing.assert_array_equal(after[key], before[key], err_msg=key, strict=True)
+  assert head.out_features == 10 and after["proj.kernel"].shape == (_C, 10)
+  # Initialised as the constructor's proj: a Flax Linear from those streams.
+  fresh = nnx.Linear(_C, 10, rngs=nnx.Rngs(3))
+  np.testing.assert_array_equal(after["proj.kernel"], fresh.kernel[...])
+  np.testing.assert_array_equal(head(x, pre_logits=True), features)  # the rest unchanged
+  np.testing.assert_allclose(
+      head(x), np.asarray(features) @ after["proj.kernel"] + after["proj.bias"], rtol=1e-6,
+      atol=1e-6)
+
+  head.reset(0, pool_type="")  # no projection: the features themselves, over the map
+  assert head.proj is None and head.out_features == _C and head.pool_type == ""
+  np.testing.assert_array_equal(head(x), head(x, pre_logits=True))
+  assert head(x).shape == (*shape[:3], _C)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda h: h.reset(10), TypeError,
+     "AttentionPool.reset(10) builds a new projection, which needs `rngs`; got None. Pass "
+     "rngs=nnx.Rngs(0) (any seed), or num_classes=0 for no projection."),
+    (lambda h: h.reset(10, pool_type=""), TypeError,  # the pool type is not set either
+     "AttentionPool.reset(10) builds a new projection, which needs `rngs`"),
+    (lambda h: h.reset(-1, rngs=nnx.Rngs(0)), ValueError,
+     "`num_classes` must be None, 0 (no output projection) or a positive int; got -1."),
+    (lambda h: h.reset(pool_type="avg"), ValueError, "`pool_type` must be one of 'token' ("),
+    (lambda h: h(jnp.ones((1, 3, 3, _C)), pre_logits=1), TypeError,
+     "`pre_logits` must be a bool; got 1."),
+])
+def test_reset_and_pre_logits_refuse(call, error, message):
+  # Loaded, not initialised: no random program to compile.
+  head = AttentionPool.from_torch(_POOL_CASES["open_clip ModifiedResNet keys"][0], num_heads=2)
+  with pytest.raises(error) as info:
+    call(head)
+  assert str(info.value).startswith(message)
+  assert head.proj is not None and head.out_features == 6  # nothing changed
+  assert head.pool_type == "token"
 
 
 # ----------------------------------------------------------------------------

@@ -173,6 +173,23 @@ def test_matches_timm_and_the_mirror_values_and_gradients(filter_size, strides, 
   np.testing.assert_allclose(mirror, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_long_filter_pads_once_and_its_gradient_is_the_transpose():
+  # 9 x 9 = 81 taps, past the views' 64: one padded copy and one strided pass per dim
+  # (strided_sum), whose reverse mode is the one-dim adjoint without padding. Values
+  # against the mirror; the gradient of <blur(x), g> is the transpose of the blur,
+  # <mirror blur(t), g> = <t, grad>, in float64 on the mirror's side.
+  rng = np.random.default_rng(9)
+  x, t = (rng.standard_normal((1, 12, 11, 2)).astype(np.float32) for _ in range(2))
+  pool = BlurPool(9, (2, 3), pad_mode="replicate")
+  g = rng.standard_normal(pool(x).shape).astype(np.float32)
+  (_, y), grad = jax.jit(lambda x: jax.value_and_grad(
+      lambda v: (jnp.sum(pool(v) * g), pool(v)), has_aux=True)(x))(x)
+  want = reference.blur_pool(x.astype(np.float64), (9, 9), (2, 3), "replicate")
+  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+  blurred_t = reference.blur_pool(t.astype(np.float64), (9, 9), (2, 3), "replicate")
+  assert float(np.sum(t * grad)) == pytest.approx(float(np.sum(blurred_t * g)), rel=1e-5)
+
+
 # ----------------------------------------------------------------------------
 # jit, vmap, forward mode, batch axes, dtypes, layout.
 # ----------------------------------------------------------------------------

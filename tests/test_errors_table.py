@@ -359,6 +359,11 @@ ROWS = (
     # ------------------------------------------------------------ max unpooling
     _r(_U, "MaxUnpool", "`padding` negative", "MaxUnpool((2, 2), padding=-1)", "ValueError",
        "`padding` must be non-negative; got -1."),
+    _r(_U, "MaxUnpool", "`gradient` not a rule", "MaxUnpool((2, 2), gradient='torch')",
+       "ValueError",
+       "`gradient` must be one of 'written' (each cell's cotangent to the value written there), "
+       "'gather' (every value gets the cotangent of the cell its index names, PyTorch's); got "
+       "'torch'."),
     _r(_U, "MaxUnpool", "`padding` an unknown string", "MaxUnpool((2, 2), padding='FULL')",
        "ValueError", f"`padding` must be {_FORMS}; got 'FULL'."),
     _r(_U, "MaxUnpool", "SAME padding without `output_size`",
@@ -425,6 +430,18 @@ ROWS = (
     _r(_G, "GlobalMaxPool", "a plane past int32 indices",
        "jax.eval_shape(GlobalMaxPool(), spec(1, 65536, 65536, 1))", "ValueError",
        f"GlobalMaxPool: {_BIG} The max keeps one (for its gradient too)."),
+    _r(_G, GLOBAL, "`mask` without the batch axis", "{M}()(x(2, 4, 4, 1), x(4, 4, dtype=bool))",
+       "ValueError",
+       "{M}: `mask` must have shape (*batch, *spatial) = (2, 4, 4), the input's shape "
+       "(2, 4, 4, 1) without its channel axis; got (4, 4)."),
+    _r(_G, GLOBAL, "`mask` with a channel axis", "{M}()(x(2, 4, 4, 1), x(2, 4, 4, 1, dtype=bool))",
+       "ValueError",
+       "{M}: `mask` must have shape (*batch, *spatial) = (2, 4, 4), the input's shape "
+       "(2, 4, 4, 1) without its channel axis; got (2, 4, 4, 1). Drop its channel axis: "
+       "mask[..., 0]."),
+    _r(_G, GLOBAL, "`mask` floating", "{M}()(x(2, 4, 4, 1), x(2, 4, 4))", "TypeError",
+       "{M}: `mask` must be bool (True where a position is valid) or integers (nonzero is "
+       "valid); got dtype float32. For a 0/1 float mask m, pass m != 0."),
     _r(_G, GLOBAL_ALL, "`inputs` bool", "{M}()(x(1, 4, 4, 1, dtype=bool))", "TypeError",
        "{M}: `inputs` has dtype bool; cast it first, e.g. x.astype(jnp.float32)."),
     _r(_G, "GlobalAvgPool", "`inputs` integer (average)",
@@ -758,6 +775,16 @@ ROWS = (
        "AttentionPool got an unexpected keyword argument `drop_rate`; AttentionPool takes "
        "(in_features, *, feat_size, out_features, embed_dim, head_dim, num_heads, qkv_bias, "
        "qkv_separate, pool_type, class_token, dtype, param_dtype, rngs)."),
+    _r(_AH, "AttentionPool", "`reset` to a width without `rngs`",
+       _shaped("AttentionPool(8, num_heads=2)") + ".reset(10)", "TypeError",
+       "AttentionPool.reset(10) builds a new projection, which needs `rngs`; got None. Pass "
+       "rngs=nnx.Rngs(0) (any seed), or num_classes=0 for no projection."),
+    _r(_AH, "AttentionPool", "`reset` to a negative width",
+       _shaped("AttentionPool(8, num_heads=2)") + ".reset(-1, rngs=rngs)", "ValueError",
+       "`num_classes` must be None, 0 (no output projection) or a positive int; got -1."),
+    _r(_AH, "AttentionPool", "`pre_logits` not a bool",
+       _shaped("AttentionPool(8, num_heads=2, feat_size=2)") + "(x(1, 2, 2, 8), pre_logits=1)",
+       "TypeError", "`pre_logits` must be a bool; got 1."),
     _r(_AH, "AttentionPoolLatent", "`num_heads` None",
        "AttentionPoolLatent(8, num_heads=None, rngs=rngs)", "TypeError",
        "`num_heads` must be a positive int dividing embed_dim=8; got None."),

@@ -6,7 +6,8 @@ import pytest
 
 from nnx_pool import AvgPool, LPPool, MaxPool, MinPool
 from nnx_pool import functional as F
-from nnx_pool._geometry import Window, as_tuple, parse_padding
+from nnx_pool._geometry import Window
+from nnx_pool._spatial_args import as_tuple, parse_padding
 
 
 def _out(length, k, s, padding=0, *, dilation=1, ceil_mode=False):

@@ -111,3 +111,13 @@ def test_every_folder_of_the_kit_is_a_package():
   folders = {(ROOT / name).parent for name in SOURCES if name.startswith("regression/")}
   bare = [f.relative_to(ROOT).as_posix() for f in folders if not (f / "__init__.py").is_file()]
   assert sorted(bare) == []
+
+
+def test_the_package_imports_its_own_modules_relatively():
+  # Inside nnx_pool every import of the package is relative (`from ._geometry import ...`).
+  absolute = []
+  for path in sorted((ROOT / "nnx_pool").glob("*.py")):
+    absolute += [f"{path.name}:{number}: {line.strip()}"
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.match(r"\s*(from nnx_pool[. ]|import nnx_pool)", line)]
+  assert absolute == [], "imports inside nnx_pool are relative (from ._x import y)"

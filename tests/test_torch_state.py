@@ -22,14 +22,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from nnx_pool._attention import AttentionPool, AttentionPoolLatent
+from nnx_pool._attention_pool import AttentionPool
 from nnx_pool._cbam import CBAM, LightCBAM
 from nnx_pool._context_gates import GlobalContext
 from nnx_pool._eca import EfficientChannelAttention
 from nnx_pool._generalized import GeMPool, LsePlusPool
+from nnx_pool._latent_pool import AttentionPoolLatent
 from nnx_pool._squeeze_excite import EffectiveSqueezeExcitation, SqueezeExcitation
+from nnx_pool._torch_keys import TORCH_KEYS
 from nnx_pool._torch_state import (
-  TORCH_KEYS,
   Loader,
   Row,
   conv_weight,
@@ -193,7 +194,7 @@ _CASES = {
 }
 
 
-# Issue 25, the attention heads (nnx_pool._attention): every key set of both, with num_heads.
+# Issue 25, the attention heads (_attention_pool, _latent_pool): every key set, with num_heads.
 def _attention_pool(separate, bias, proj, cls):
   e = 4  # embed_dim == in_features (timm's cls_token is (1, embed_dim))
   if separate:

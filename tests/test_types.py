@@ -185,6 +185,15 @@ assert_type(SelectAdaptivePool(1, pool_type="catavgmax", flatten=True)(x), jax.A
 assert_type(BlurPool(3, 2)(x), jax.Array)
 assert_type(MedianPool(3, padding=1)(x), jax.Array)
 assert_type(F.gem_pool(x, 3.0), jax.Array)
+assert_type(GlobalMaxPool()(x, jnp.ones((2, 8, 8), bool)), jax.Array)
+assert_type(F.global_avg_pool(x, jnp.ones((2, 8, 8), bool)), jax.Array)
+
+# timm's head idioms: the features before the projection, and a new projection.
+head = AttentionPool(3, feat_size=8, num_heads=1, rngs=nnx.Rngs(0))
+assert_type(head(x, pre_logits=True), jax.Array)
+head.reset(10, rngs=nnx.Rngs(1))
+head.reset(0, pool_type="")
+assert_type(MaxUnpool(2, gradient="gather")(values, indices, output_size=(8, 8)), jax.Array)
 
 
 # The regression kit: a guard in a script, and the pytest fixture's object.
@@ -211,6 +220,7 @@ from flax import nnx
 from nnx_pool import (
   AdaptiveAvgPool,
   AdaptiveMaxPool,
+  AttentionPool,
   AvgPool,
   FractionalMaxPool,
   MaxPool,
@@ -232,13 +242,18 @@ pool()  # expect: reportCallIssue
 pool(x, x)  # expect: reportCallIssue
 count: int = AvgPool(2)(x)  # expect: reportAssignmentType
 F.avg_pool(x, (2, 2), None)  # expect: reportArgumentType
+F.avg_pool(x, (2, 2))  # expect: reportCallIssue
+F.max_pool(x, 3)  # expect: reportCallIssue
+F.min_pool(x, 3, padding=1)  # expect: reportCallIssue
 F.max_pool(x, (2, "2"), 2)  # expect: reportArgumentType
 F.max_pool(x, 2, 2, return_indices=True).shape  # expect: reportAttributeAccessIssue
 values, indices, extra = F.max_pool(x, 2, 2, return_indices=True)  # expect: reportAssignmentType
 F.max_unpool(x, 2, 2)  # expect: reportArgumentType
+F.max_unpool(x, x.astype(jnp.int32), 2, gradient="torch")  # expect: reportArgumentType
 F.gem_pool(x, p="3")  # expect: reportArgumentType
 AdaptiveAvgPool("7")  # expect: reportArgumentType
 SqueezeExcitation(8)  # expect: reportCallIssue
+AttentionPool(3, num_heads=1, rngs=nnx.Rngs(0)).reset(10)  # expect: reportArgumentType
 output_shape((1, 8, 8, 3), 2.0)  # expect: reportArgumentType
 Guard(3)  # expect: reportArgumentType
 Guard(".").check(0, pool, x)  # expect: reportArgumentType

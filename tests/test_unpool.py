@@ -36,8 +36,7 @@ def test_maxunpool_default_and_explicit_output_size():
       unpool(x, idx, output_size=bad)
 
 
-def test_maxunpool_gradient_returns_to_inputs():
-  # Each output cell's cotangent goes back to the input written there; losers get 0.
+def test_maxunpool_gradient_returns_to_inputs_by_either_rule():
   x = jnp.array([1.0, 2.0, 3.0])[None, :, None]
   idx = jnp.array([1, 1, 3])[None, :, None]  # inputs 0 and 1 both name cell 1
   cotangent = jnp.array([10.0, 20.0, 30.0, 40.0, 50.0])[None, :, None]
@@ -45,8 +44,21 @@ def test_maxunpool_gradient_returns_to_inputs():
   y = MaxUnpool((2,))(x, idx, output_size=(5,))
   # The last writer in row-major input order wins the shared cell.
   np.testing.assert_array_equal(y[0, :, 0], [0, 2, 0, 3, 0])
-  grad = jax.grad(lambda x: jnp.sum(MaxUnpool((2,))(x, idx, output_size=(5,)) * cotangent))(x)
-  np.testing.assert_array_equal(grad[0, :, 0], [0, 20, 40])
+  # By hand: "written", each cell's cotangent to the input written there (input 0 lost
+  # cell 1 to input 1, so it gets 0); "gather", PyTorch's, each input the cotangent of the
+  # cell it names (inputs 0 and 1 both 20). Forward mode: the tangents of the writers, or
+  # (its transpose) the sum of every input naming the cell.
+  for gradient, want, tangent in (("written", [0, 20, 40], [0, 2, 0, 3, 0]),
+                                  ("gather", [20, 20, 40], [0, 3, 0, 3, 0])):
+    unpool = MaxUnpool((2,), gradient=gradient)
+    assert unpool.gradient == gradient
+    grad = jax.grad(lambda x, u=unpool: jnp.sum(u(x, idx, output_size=(5,)) * cotangent))(x)
+    np.testing.assert_array_equal(grad[0, :, 0], want, err_msg=gradient)
+    _, out_tangent = jax.jvp(lambda x, u=unpool: u(x, idx, output_size=(5,)), (x,),
+                             (jnp.array([1.0, 2.0, 3.0])[None, :, None],))
+    np.testing.assert_array_equal(out_tangent[0, :, 0], tangent, err_msg=gradient)
+  with pytest.raises(ValueError, match=r"`gradient` must be one of 'written' \(each cell's "):
+    MaxUnpool(2, gradient="torch")
 
 
 def test_maxunpool_matches_reference_and_jit():
@@ -174,3 +186,52 @@ def test_maxunpool_same_needs_output_size_and_checks_it():
   with pytest.raises(ValueError, match=r"it pools to \(5, 5\), not to the input's spatial "
                                        r"shape \(4, 4\)"):
     unpool(values, indices, output_size=(9, 9))
+
+
+# Overlapping windows (stride below the window) make several pooled values name one cell:
+# a 2-D 3x3 stride-1 pool and a 1-D window-3 stride-2 padded one, on tie-free maps.
+OVERLAPPING = [((3, 3), 1, 0, (2, 7, 7, 3)), (3, 2, 1, (2, 11, 2))]
+
+
+def test_maxunpool_gather_gradient_matches_torch_where_windows_overlap():
+  torch = pytest.importorskip(
+      "torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
+  rng = np.random.default_rng(5)
+  xs = [rng.permutation(np.prod(shape)).reshape(shape).astype(np.float32)
+        for *_, shape in OVERLAPPING]
+
+  def pulled_back(unpool, values, indices, size, ct):
+    return jax.vjp(lambda v: unpool(v, indices, output_size=size), values)[1](ct)[0]
+
+  def run(xs, cotangents):
+    out = []
+    for (window, strides, padding, shape), x, ct in zip(OVERLAPPING, xs, cotangents,
+                                                        strict=True):
+      ndim = len(shape) - 2
+      values, indices = MaxPool(window, strides, padding, num_spatial_dims=ndim,
+                                return_indices=True)(x)
+      grads = [pulled_back(MaxUnpool(window, strides, padding, num_spatial_dims=ndim,
+                                     gradient=g), values, indices, shape[1:-1], ct)
+               for g in ("written", "gather")]
+      out.append((values, indices, *grads))
+    return out
+
+  cotangents = [rng.uniform(-1, 1, x.shape).astype(np.float32) for x in xs]
+  results = jax.device_get(jax.jit(run)(xs, cotangents))
+  for (window, strides, padding, shape), ct, (values, indices, written, gathered) in zip(
+      OVERLAPPING, cotangents, results, strict=True):
+    unpool = {1: torch.nn.functional.max_unpool1d, 2: torch.nn.functional.max_unpool2d}[
+        len(shape) - 2]
+    values_t = _to_torch(torch, values).requires_grad_(True)
+    y = unpool(values_t, _to_torch(torch, indices).long(), window, strides, padding,
+               output_size=shape[1:-1])
+    (y * _to_torch(torch, ct)).sum().backward()
+    theirs = np.moveaxis(values_t.grad.numpy(), 1, -1)  # PyTorch 2.13 CPU
+    np.testing.assert_array_equal(gathered, theirs, err_msg=str(shape))
+    # The written rule differs exactly where a value's cell was written by another:
+    # PyTorch's gradient there is the cell's cotangent, ours 0.
+    lost = written != theirs
+    assert lost.any() and (written[lost] == 0).all(), str(shape)
+    np.testing.assert_array_equal(written[~lost], theirs[~lost])
+    if len(shape) == 4:  # docs/limits.md: 96 of the 150 pooled values
+      assert (int(lost.sum()), lost.size) == (96, 150)
