@@ -22,6 +22,7 @@ from .format import (
   digest,
   dtype_by_name,
   encode_arrays,
+  key_problem,
   member_name,
   parse_json,
 )
@@ -31,6 +32,6 @@ from .write import LOCK_TIMEOUT_S, BaselineLockedError, check_writable, write_at
 __all__ = [
   "FORMAT", "FORMAT_VERSION", "LOCK_TIMEOUT_S", "MANIFEST", "Baseline", "BaselineError",
   "BaselineLockedError", "arrays_name", "build_manifest", "canonical_json", "check_writable",
-  "digest", "dtype_by_name", "encode_arrays", "member_name", "parse_json", "read_baseline",
-  "stored_format_version", "write_atomic", "write_baseline",
+  "digest", "dtype_by_name", "encode_arrays", "key_problem", "member_name", "parse_json",
+  "read_baseline", "stored_format_version", "write_atomic", "write_baseline",
 ]
