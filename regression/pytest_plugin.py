@@ -262,8 +262,9 @@ def write_page(baselines: list[Any], page: Path) -> str:
 def _baselines_under(root: Path) -> list[Path]:
   if not root.is_dir():
     return []
-  return sorted(p for p in root.iterdir()
-                if not p.name.endswith(OBTAINED_SUFFIX) and (p / "manifest.json").is_file())
+  return sorted(p for p in root.iterdir()  # ".tmp-*": a writer's, killed mid-write
+                if not p.name.endswith(OBTAINED_SUFFIX) and not p.name.startswith(".")
+                and (p / "manifest.json").is_file())
 
 
 def _recorded_by(baseline: Path) -> str | None:
