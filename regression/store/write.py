@@ -77,6 +77,28 @@ def _replace_link(link: Path, directory: Path) -> None:
     raise
 
 
+def baseline_around(out: str | os.PathLike) -> Path | None:
+  """The baseline (or obtained file, or weight set) directory that a file written at
+  ``out`` would land in, directly or below; None when no directory above it is one."""
+  parent = Path(out).absolute().parent.resolve()
+  for directory in (parent, *parent.parents):
+    if (directory / MANIFEST).is_file() and stored_format_version(directory):
+      return directory
+  return None
+
+
+def inside_baseline_problem(flag: str, given: str | os.PathLike) -> str | None:
+  """Why the file ``flag`` names (``--json``, ``--nnx-regression-html``) may not be written
+  there: it would land inside a baseline's directory (:func:`baseline_around`), whose
+  manifest it could replace and where any other file blocks the next update; or None."""
+  baseline = baseline_around(given)
+  if baseline is None:
+    return None
+  return (f"{flag} {given}: lies inside {baseline}, a baseline's directory (or an obtained "
+          "file's, or a weight set's), which holds the kit's own files only; write it "
+          "elsewhere.")
+
+
 def _fsync_dir(path: Path) -> None:
   """Makes a rename in ``path`` durable where the platform can (Windows cannot open a folder)."""
   try:
