@@ -302,6 +302,8 @@ class Guard:
         raise self._refuse(path, str(e)) from None
     try:
       rec = execute(weights)
+    except running.UnstorableLeaf as e:
+      raise self._refuse(path, f"{name!r} was not compared or written: {e}") from None
     except ValueError as e:
       if weights is None or "stored weight" not in str(e):
         raise

@@ -190,7 +190,15 @@ def _page_problem(given: str, page: Path) -> str | None:
     return f"--nnx-regression-html {given}: is a directory; name the file to write."
   if not page.parent.is_dir():
     return f"--nnx-regression-html {given}: directory {page.parent} does not exist."
-  return None
+  return _inside_baseline(given)
+
+
+def _inside_baseline(given: str | Path) -> str | None:
+  """Why the page may not go where ``--nnx-regression-html`` says: inside a baseline's
+  directory (the CLI's rule for ``--json``/``--html``); None if it may."""
+  from .store import inside_baseline_problem  # the store needs NumPy: not on import
+
+  return inside_baseline_problem("--nnx-regression-html", given)
 
 
 def baseline_root(config: pytest.Config, module: Path) -> Path:
@@ -250,6 +258,10 @@ def write_page(baselines: list[Any], page: Path) -> str:
   from .fixture.from_disk import session_report
   from .report import html
 
+  # Again when it is written: this session may have recorded a baseline around it since.
+  problem = _inside_baseline(page)
+  if problem:
+    return f"the HTML report was not written: {problem}"
   report = session_report(baselines)
   try:
     html.write_html(report, page)
@@ -262,8 +274,9 @@ def write_page(baselines: list[Any], page: Path) -> str:
 def _baselines_under(root: Path) -> list[Path]:
   if not root.is_dir():
     return []
-  return sorted(p for p in root.iterdir()
-                if not p.name.endswith(OBTAINED_SUFFIX) and (p / "manifest.json").is_file())
+  return sorted(p for p in root.iterdir()  # ".tmp-*": a writer's, killed mid-write
+                if not p.name.endswith(OBTAINED_SUFFIX) and not p.name.startswith(".")
+                and (p / "manifest.json").is_file())
 
 
 def _recorded_by(baseline: Path) -> str | None:

@@ -65,20 +65,7 @@ def _output_problem(flag: str, path: str) -> str | None:
     return f"{flag} {path}: directory {out.parent} does not exist."
   if not os.access(out.parent, os.W_OK | os.X_OK):
     return f"{flag} {path}: directory {out.parent} is not writable."
-  baseline = _baseline_around(out)
-  if baseline is not None:
-    return (f"{flag} {path}: lies inside {baseline}, a baseline's directory (or an obtained "
-            "file's), which holds the kit's own files only; write it elsewhere.")
-  return None
-
-
-def _baseline_around(out: Path) -> Path | None:
-  """The baseline (or obtained, or weight set) directory that ``out`` would be written
-  into, directly or below; None when no directory above it is one."""
-  for directory in out.resolve().parents:
-    if (directory / store.MANIFEST).is_file() and store.stored_format_version(directory):
-      return directory
-  return None
+  return store.inside_baseline_problem(flag, path)
 
 
 def html_problem(path: str, json_path: str | None, *, here: bool = True) -> str | None:

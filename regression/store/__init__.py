@@ -22,15 +22,26 @@ from .format import (
   digest,
   dtype_by_name,
   encode_arrays,
+  key_problem,
   member_name,
   parse_json,
 )
 from .read import read_baseline, stored_format_version
-from .write import LOCK_TIMEOUT_S, BaselineLockedError, check_writable, write_atomic, write_baseline
+from .write import (
+  LOCK_TIMEOUT_S,
+  BaselineLockedError,
+  check_writable,
+  inside_baseline_problem,
+  is_link,
+  link_target,
+  write_atomic,
+  write_baseline,
+)
 
 __all__ = [
   "FORMAT", "FORMAT_VERSION", "LOCK_TIMEOUT_S", "MANIFEST", "Baseline", "BaselineError",
   "BaselineLockedError", "arrays_name", "build_manifest", "canonical_json", "check_writable",
-  "digest", "dtype_by_name", "encode_arrays", "member_name", "parse_json", "read_baseline",
+  "digest", "dtype_by_name", "encode_arrays", "inside_baseline_problem", "is_link",
+  "key_problem", "link_target", "member_name", "parse_json", "read_baseline",
   "stored_format_version", "write_atomic", "write_baseline",
 ]

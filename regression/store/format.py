@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 import io
 import json
-import re
+import unicodedata
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,7 +47,9 @@ MANIFEST = "manifest.json"
 _V1_ARRAYS = "arrays.npz"  # the arrays file of format version 1
 _MEMBER = ".npy"  # the array <key> is the zip member <key>.npy
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's timestamp: equal arrays, equal bytes
-_KEY = re.compile(r"^[A-Za-z0-9_.\-\[\]/:=,()']+$")
+# What a zip member's name cannot hold as it is: NUL ends it when read, and a backslash is
+# read back as "/" on Windows (zipfile's own normalisation); other controls are refused too.
+_UNNAMEABLE = ("Cc", "Cs")  # the Unicode categories refused: controls, lone surrogates
 
 
 class BaselineError(Exception):
@@ -129,8 +131,9 @@ def build_manifest(
     raise ValueError(f"`fields` may not set reserved keys; got {sorted(reserved & set(fields))}.")
   stored, table = {}, {}
   for key, array in arrays.items():
-    if not isinstance(key, str) or not _KEY.match(key):
-      raise ValueError(f"array key must be a plain string; got {key!r}.")
+    problem = key_problem(key)
+    if problem:
+      raise ValueError(problem)
     array = np.asarray(array)
     stored_as = _stored_as(array.dtype, key)
     stored[key] = np.array(array.view(stored_as), order="C")  # keeps a 0-d array 0-d
@@ -139,6 +142,25 @@ def build_manifest(
   manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "arrays": table}
   manifest["manifest_sha256"] = _checksum(manifest)
   return manifest, stored
+
+
+def key_problem(key: object) -> str | None:
+  """Why ``key`` cannot name an array of a baseline (one line), or None when it can.
+
+  Any non-empty string does that the manifest (JSON) and the arrays file (a zip member's
+  UTF-8 name, :func:`member_name`) hold unchanged on every platform: letters of any script,
+  spaces, ``/``; keys that differ only by case are two members of one zip, never two files.
+  Refused: control characters (NUL cuts a member's name short), lone surrogates (no UTF-8)
+  and backslashes (zipfile on Windows reads them back as ``/``).
+  """
+  if not isinstance(key, str) or not key:
+    return f"array key must be a non-empty string; got {key!r}."
+  bad = next((c for c in key if c == "\\" or unicodedata.category(c) in _UNNAMEABLE), None)
+  if bad is not None:
+    return (f"array key {key!r} holds {bad!r}, which a baseline's arrays file cannot name on "
+            "every platform (control characters, lone surrogates and backslashes are refused); "
+            "rename that leaf.")
+  return None
 
 
 def member_name(key: str) -> str:

@@ -4,10 +4,17 @@ A writer holds the lock of the parent directory (:mod:`.lock`: a ``flock`` on PO
 writes the arrays file, then the manifest (the commit point), each through an fsynced
 temporary file and ``os.replace``, then deletes what the new manifest does not name. A
 baseline of a newer format, or a directory holding other files, is never replaced.
+
+Nothing is written through a symbolic link: ``os.replace`` replaces a linked file's link,
+and a baseline directory that is a link (or a Windows junction) is, with ``force``, replaced
+by a directory of its own, built beside it first; what the link pointed to is left as it
+was (a user who linked two baselines keeps the other one). The directories above a
+baseline are the user's layout and are followed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +35,68 @@ _OURS = re.compile(r"^(manifest\.json|arrays\.npz|arrays-[0-9a-f]{16}\.npz|\.tmp
 
 class BaselineLockedError(FileExistsError):
   """Another process kept writing into the baseline's directory for too long."""
+
+
+def is_link(path: str | os.PathLike) -> bool:
+  """Whether ``path`` is a symbolic link, or a Windows junction (which ``islink`` does not
+  call one), dangling or not."""
+  return os.path.islink(path) or bool(getattr(os.path, "isjunction", lambda _: False)(path))
+
+
+def _unlink(path: Path) -> None:
+  """Removes the link ``path`` itself, never what it points to (Windows removes a link to a
+  directory, and a junction, as a directory)."""
+  try:
+    os.unlink(path)
+  except (IsADirectoryError, PermissionError):
+    if os.name != "nt":
+      raise
+    os.rmdir(path)
+
+
+def link_target(path: str | os.PathLike) -> str:
+  """What ``path`` links to ("" when it is no link, "?" when the link cannot be read)."""
+  if not is_link(path):
+    return ""
+  try:
+    return os.readlink(path)
+  except OSError:
+    return "?"
+
+
+def _replace_link(link: Path, directory: Path) -> None:
+  """Moves ``directory`` to where the link ``link`` is: the link goes, what it pointed to
+  stays. Not one rename (none replaces a link by a directory): a failure puts the link back."""
+  target = os.readlink(link)
+  _unlink(link)
+  try:
+    os.replace(directory, link)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.symlink(target, link, target_is_directory=True)
+    raise
+
+
+def baseline_around(out: str | os.PathLike) -> Path | None:
+  """The baseline (or obtained file, or weight set) directory that a file written at
+  ``out`` would land in, directly or below; None when no directory above it is one."""
+  parent = Path(out).absolute().parent.resolve()
+  for directory in (parent, *parent.parents):
+    if (directory / MANIFEST).is_file() and stored_format_version(directory):
+      return directory
+  return None
+
+
+def inside_baseline_problem(flag: str, given: str | os.PathLike) -> str | None:
+  """Why the file ``flag`` names (``--json``, ``--nnx-regression-html``) may not be written
+  there: it would land inside a baseline's directory (:func:`baseline_around`), whose
+  manifest it could replace and where any other file blocks the next update; or None."""
+  baseline = baseline_around(given)
+  if baseline is None:
+    return None
+  return (f"{flag} {given}: lies inside {baseline}, a baseline's directory (or an obtained "
+          "file's, or a weight set's), which holds the kit's own files only; write it "
+          "elsewhere.")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -73,6 +142,13 @@ def _put(out: Path, name: str, data: bytes) -> None:
 def check_writable(out: str | os.PathLike, *, force: bool) -> None:
   """Raises FileExistsError unless ``out`` may be (re)written; see :func:`write_baseline`."""
   out = Path(out)
+  if is_link(out):  # its target is never touched: only the link is replaced, with force
+    if force:
+      return
+    raise FileExistsError(
+        f"`out` {out} is a symbolic link (to {link_target(out)}), and baselines are never "
+        "written through a link; pass --force to replace the link itself with a directory "
+        "(what it points to is kept), or choose another directory.")
   if not out.exists():
     return
   if not out.is_dir():
@@ -121,6 +197,9 @@ def write_baseline(
   Returns:
     The path written.
 
+  A baseline directory that is a symbolic link is replaced (with ``force``) by a directory
+  of its own; what the link pointed to is not touched.
+
   Raises:
     FileExistsError: see :func:`check_writable`; :class:`BaselineLockedError` when
       another writer holds the directory for over :data:`LOCK_TIMEOUT_S`.
@@ -135,14 +214,19 @@ def write_baseline(
   out.parent.mkdir(parents=True, exist_ok=True)
   with _lock(out.parent, LOCK_TIMEOUT_S):
     check_writable(out, force=force)  # again: another writer may have finished meanwhile
-    created = not out.exists()
-    out.mkdir(exist_ok=True)
+    link = is_link(out)
+    # A link is replaced by a directory built beside it, never written through.
+    into = out.parent / f".tmp-{os.getpid()}-{os.urandom(4).hex()}" if link else out
+    created = link or not out.exists()
+    into.mkdir(exist_ok=True)
     try:
-      _put(out, arrays_name(manifest), npz)
-      _put(out, MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+      _put(into, arrays_name(manifest), npz)
+      _put(into, MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+      if link:
+        _replace_link(out, into)
     except BaseException:
       if created:
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(into, ignore_errors=True)
       raise
     _fsync_dir(out.parent)
     for name in set(os.listdir(out)) - keep:  # old arrays, temporary files of killed writers

@@ -15,7 +15,8 @@ requirement set and of the nnx-pool installed there; an entry without a valid on
 rebuilt, its environment removed unrun (:mod:`nnx_pool.regression.upgrade.rehearse_env`). On POSIX,
 the cache directory and each entry are made ``0700`` and refused (:func:`check_private`)
 when another user owns them or may write to them: anyone who can write there could plant an
-environment, and a manifest with it.
+environment, and a manifest with it; so is the directory that holds the cache
+(``$NNX_POOL_CACHE``) when others may write to it without the sticky bit.
 """
 
 from __future__ import annotations
@@ -181,28 +182,36 @@ def make_private(path: Path) -> None:
       os.mkdir(directory, 0o700)
 
 
-def check_private(path: Path) -> None:
+def check_private(path: Path, *, above: bool = False) -> None:
   """Refuses (RehearsalError) a cache directory another user owns or may write to (POSIX).
 
   Anyone who may write to it could put an environment there whose ``bin/python`` a
-  rehearsal would run, and a manifest with it. Windows has no such modes: nothing is checked.
+  rehearsal would run, and a manifest with it. ``above``: the directory that holds the
+  cache (``$NNX_POOL_CACHE``), where a writer could rename the cache away and put another
+  in its place; there the system's own (root's) directory, and one others may write to
+  with the sticky bit (``/tmp``: nobody renames another's entry), are fine. Windows has no
+  such modes: nothing is checked.
   """
   if not hasattr(os, "geteuid"):
     return
   info = path.stat()
-  owner = f"user {info.st_uid}, not you (user {os.geteuid()})" if info.st_uid != os.geteuid() \
-      else None
+  owner = f"user {info.st_uid}, not you (user {os.geteuid()})" if info.st_uid not in (
+      os.geteuid(), *((0,) if above else ())) else None
+  sticky = above and bool(info.st_mode & stat.S_ISVTX)
   writers = [who for who, bit in (("its group", stat.S_IWGRP), ("every user", stat.S_IWOTH))
-             if info.st_mode & bit]
+             if info.st_mode & bit and not sticky]
   if owner is None and not writers:
     return
   why = f"is owned by {owner}" if owner else (
-      f"may be written by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):04o})")
-  fix = (f"run `chmod go-w {path}`, or " if not owner else "") + (
-      f"set {CACHE_ENV} to a directory of your own")
-  raise RehearsalError(
-      f"rehearse: the cache directory {shown(path)} {why}: another user could put an "
-      f"environment there that rehearse would run; {fix}.")
+      f"may be written by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):04o}"
+      f"{', without the sticky bit' if above else ''})")
+  fix = (f"run `chmod go-w {path}`{f' (or `chmod +t {path}`)' if above else ''}, or "
+         if not owner else "") + f"set {CACHE_ENV} to a directory of your own"
+  what = (f"the directory {shown(path)} that holds the cache" if above else
+          f"the cache directory {shown(path)}")
+  how = ("rename the cache away and put one there whose environments rehearse would run"
+         if above else "put an environment there that rehearse would run")
+  raise RehearsalError(f"rehearse: {what} {why}: another user could {how}; {fix}.")
 
 
 def read_manifest(entry: Path) -> dict[str, Any] | None:
@@ -244,6 +253,7 @@ def take(entry: Path, waiting: Callable[[], None]) -> lock.Held:
   """
   for _ in range(3):
     make_private(entry.parent)
+    check_private(entry.parent.parent, above=True)
     check_private(entry.parent)
     make_private(entry)
     check_private(entry)
