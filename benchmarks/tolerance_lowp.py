@@ -37,7 +37,7 @@ BatchNorm and ReLU, a global average pool and a linear head, on 4x32x32x3;
 their eval-mode logits are of order 1e-8, and underflow in float16). All are initialised
 from NumPy, so every jax release runs the same weights. ``eff_full`` skips the eager run
 (its eager gradient alone takes minutes). The default is all of them in bfloat16 and
-float16: about 40 minutes of 2 CPU cores under load, most of it the EfficientNets.
+float16: 25 minutes of 2 CPU cores under load, most of it the EfficientNets.
 
 To compare two releases, run ``--save`` with the other one and ``--against`` its file here::
 

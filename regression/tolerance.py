@@ -110,7 +110,7 @@ float64 2.2e-16, float32 1.2e-7, float16 9.8e-4, bfloat16 7.8e-3):
   scale's gradient) and 45 in float16 (the input's channels reversed), and the dtype
   against float32 by 65 and 694 (0.5 and 0.7 S). A 5% change (6.4 and 51 eps S) cannot be
   told from that rounding, per element or by the relative norm of the difference (rounding
-  moved that by up to 16 and 21 eps, a 5% change by 6.4 and 51): the gradient rule, 48 and
+  moved that by up to 16 and 46 eps, a 5% change by 6.4 and 51): the gradient rule, 48 and
   128 eps S (3/8 and 1/8 of S), leaves 2.2x and 2.9x over the runs in the dtype and catches a
   zeroed (2.7x and 8x) or negated leaf, not a 5% change; it does not cover the float32
   comparison, so a release that summed these gradients in float32 would fail them. Below the
