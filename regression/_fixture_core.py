@@ -60,7 +60,14 @@ from nnx_pool.regression.report import FailedArray, Report, Row, Timing, recorde
 from nnx_pool.regression.runner import compile_and_time, eager_key, split_callable, to_numpy
 from nnx_pool.regression.stamp import stamp_changes
 from nnx_pool.regression.store import Baseline, BaselineError
-from nnx_pool.regression.tolerance import Tolerance, floored, is_float, scales, tolerance_for
+from nnx_pool.regression.tolerance import (
+  Tolerance,
+  floored,
+  is_float,
+  layer_tolerance,
+  scales,
+  tolerance_for,
+)
 
 KIND = "pytest"
 OBTAINED_KIND = "pytest-obtained"
@@ -775,10 +782,11 @@ def _refactor_line(before: Sequence[Mapping[str, Any]], now: Sequence[Mapping[st
 
 def _first_moved(old_model: Mapping[str, Any], model: Mapping[str, Any], rec: Recording) -> str:
   """The line that says where a failing model first moved."""
-  tol = next(iter(rec.tolerances.values()))
+  key, tol = next(iter(rec.tolerances.items()))
+  rtol, atol = layer_tolerance(tol, rec.results[key].dtype if key in rec.results else None)
   config_before, config_now = old_model.get("config"), model.get("config")
-  moved = model_state.first_moved(old_model["layers"], model["layers"], rtol=tol.rtol,
-                                  atol=tol.atol, config_before=config_before,
+  moved = model_state.first_moved(old_model["layers"], model["layers"], rtol=rtol,
+                                  atol=atol, config_before=config_before,
                                   config_now=config_now)
   if moved:
     return moved

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import nnx
 
 from nnx_pool.regression.compare import compare_arrays
 from nnx_pool.regression.guard import Guard, RegressionFailure
@@ -206,3 +207,44 @@ def test_a_bfloat16_linear_layer_kernel_times_1_05_fails(tmp_path):
   base, new = np.asarray(X @ W), np.asarray(X @ (W * 1.05).astype(W.dtype))
   assert 1e-4 < _scale(base) < 1e-2  # an output of size 1e-3, moved by 5% of it
   assert _moved(new, base) == pytest.approx(0.05 * _scale(base), rel=0.2)
+
+
+class _Split(nnx.Module):
+  """``x @ kernel``, in bfloat16."""
+
+  def __init__(self, kernel: np.ndarray):
+    self.kernel = nnx.Param(jnp.asarray(kernel, jnp.bfloat16))
+
+  def __call__(self, x):
+    return x @ self.kernel[...]
+
+
+class _Two(nnx.Module):
+  def __init__(self):
+    self.first = _Split(np.cos(np.arange(16 * 32) * 0.3).reshape(16, 32) * 0.3)
+    self.head = _Split(np.sin(np.arange(32 * 10) * 0.2).reshape(32, 10) * 2e-4)
+
+  def __call__(self, x):
+    return self.head(jax.nn.relu(self.first(x)))
+
+
+def _halves(self, x):  # the same product, its sum in two halves rounded to bfloat16 between
+  k = self.kernel[...]
+  return x[:, :8] @ k[:8] + x[:, 8:] @ k[8:]
+
+
+def test_a_bfloat16_change_is_blamed_on_its_layer_not_on_an_earlier_ones_rounding(
+    tmp_path, monkeypatch):
+  # Each layer's fingerprint is compared at its own scale: the first layer (values of order
+  # 1) moved by rounding, which the output's atol (4 eps of 1e-3) would not forgive.
+  model = _Two()
+  before = np.asarray(model.first(X))
+  guard = Guard(tmp_path)
+  assert guard.check("two", model, X).status == "written"
+  monkeypatch.setattr(_Split, "__call__", _halves)
+  after = np.asarray(model.first(X))
+  assert 0 < _moved(after, before) <= 2 * _eps(BF16) * _scale(before)
+  model.head.kernel[...] = (model.head.kernel[...] * 1.25).astype(jnp.bfloat16)
+  failure = _failure(lambda: guard.check("two", model, X))
+  (line,) = [line for line in failure.outcome.report.headline if "first moved" in line]
+  assert line.startswith("first moved at `head` (_Split)"), line
