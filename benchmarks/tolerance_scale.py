@@ -41,13 +41,13 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402 - after x64 is on
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from nnx_pool.regression.tolerance import scales  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
-EPS = float(np.finfo(np.float32).eps)
 MODELS = ("eff_small", "eff_full", "res_small", "res_full", "cnn")
 
 
@@ -98,37 +98,48 @@ def _cast(model: nnx.Module, dtype: Any) -> nnx.Module:
       lambda v: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v, state))
 
 
-def _results(model, call, x, labels, training, *, jit=True) -> dict[str, np.ndarray]:
-  """The logits and the cross-entropy's gradient leaves, keyed as the kit keys them."""
+def _results(model, call, x, labels, training, *, jit=True,
+             with_loss=False) -> dict[str, np.ndarray]:
+  """The logits and the cross-entropy's gradient leaves, keyed as the kit keys them (and the
+  cross-entropy itself, ``loss``, where asked)."""
 
   def loss(m, x, labels):
     logits = call(m, x, training)
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
 
   def run(m, x, labels):
-    return call(m, x, training), nnx.grad(loss)(m, x, labels)
+    if with_loss:
+      return call(m, x, training), nnx.value_and_grad(loss)(m, x, labels)
+    return call(m, x, training), (None, nnx.grad(loss)(m, x, labels))
 
   fn = nnx.jit(run) if jit else run
-  logits, grads = fn(nnx.merge(*nnx.split(model), copy=True), x, labels)
+  logits, (value, grads) = fn(nnx.merge(*nnx.split(model), copy=True), x, labels)
   out = {"output": np.asarray(logits)}
+  if with_loss:
+    out["loss"] = np.asarray(value)
   for path, leaf in nnx.to_flat_state(grads):
     out["grad/" + "/".join(map(str, path))] = np.asarray(jax.tree_util.tree_leaves(leaf)[0])
   return out
 
 
-def _split(model, call, x, labels) -> dict[str, np.ndarray]:
-  """Eval mode on each half of the batch: logits concatenated, gradients averaged."""
-  a = _results(model, call, x[:1], labels[:1], False)
-  b = _results(model, call, x[1:], labels[1:], False)
+def _split(model, call, x, labels, *, with_loss=False) -> dict[str, np.ndarray]:
+  """Eval mode on each half of the batch: logits concatenated, gradients (and losses)
+  averaged in float64, rounded once to their dtype."""
+  half = x.shape[0] // 2
+  a = _results(model, call, x[:half], labels[:half], False, with_loss=with_loss)
+  b = _results(model, call, x[half:], labels[half:], False, with_loss=with_loss)
   return {k: np.concatenate([a[k], b[k]]) if k == "output" else
-          ((a[k].astype(np.float64) + b[k]) / 2).astype(np.float32) for k in a}
+          ((a[k].astype(np.float64) + b[k].astype(np.float64)) / 2).astype(a[k].dtype)
+          for k in a}
 
 
 def _ratios(new: dict[str, np.ndarray], ref: dict[str, np.ndarray],
             base: dict[str, np.ndarray]) -> dict[str, float]:
-  """``max|new - ref| / (eps * S)`` per array, ``S`` the kit's scale of ``base``'s array."""
+  """``max|new - ref| / (eps * S)`` per array, ``eps`` that of ``base``'s array's dtype and
+  ``S`` the kit's scale of it."""
   scale = scales(base)
-  return {k: float(np.abs(new[k].astype(np.float64) - ref[k]).max()) / (EPS * scale[k])
+  return {k: float(np.abs(new[k].astype(np.float64) - ref[k].astype(np.float64)).max())
+          / (float(ml_dtypes.finfo(base[k].dtype).eps) * scale[k])
           for k in base if scale[k] > 0}
 
 
@@ -138,11 +149,27 @@ def _line(label: str, ratios: dict[str, float]) -> str:
           f"{np.median(list(ratios.values())):.3g}, {len(ratios)} arrays")
 
 
+def add_models(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+  """The positional model names (argparse's ``choices`` rejects an empty ``nargs="*"``'s
+  default list on Python 3.11, so :func:`models` checks them)."""
+  parser.add_argument("models", nargs="*", metavar="MODEL",
+                      help=f"some of {', '.join(names)} (default: all)")
+
+
+def models(parser: argparse.ArgumentParser, args: argparse.Namespace,
+           names: tuple[str, ...]) -> list[str]:
+  """The models asked for, all of ``names`` when none; an unknown one is an error."""
+  unknown = [name for name in args.models if name not in names]
+  if unknown:
+    parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(names)}")
+  return args.models or list(names)
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("models", nargs="*", default=list(MODELS), choices=MODELS)
+  add_models(parser, MODELS)
   args = parser.parse_args(argv)
-  for name in args.models:
+  for name in models(parser, args, MODELS):
     for label, model, call, x in _cases(name):
       labels = jnp.arange(x.shape[0]) % 10
       for training in (False, True):

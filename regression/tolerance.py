@@ -7,6 +7,7 @@ role of the array and its dtype resolve to a :class:`Tolerance` with its reason.
 from .compare.tolerance import (
   EXACT,
   KINDS,
+  LOW_PRECISION_ULPS,
   MODULE_SHARE,
   ROLES,
   SCALE_ULPS,
@@ -15,10 +16,12 @@ from .compare.tolerance import (
   dtype_name,
   floored,
   is_float,
+  layer_tolerance,
   policy_table,
   scales,
   tolerance_for,
 )
 
-__all__ = ["EXACT", "KINDS", "MODULE_SHARE", "ROLES", "SCALED_KINDS", "SCALE_ULPS", "Tolerance",
-           "dtype_name", "floored", "is_float", "policy_table", "scales", "tolerance_for"]
+__all__ = ["EXACT", "KINDS", "LOW_PRECISION_ULPS", "MODULE_SHARE", "ROLES", "SCALED_KINDS",
+           "SCALE_ULPS", "Tolerance", "dtype_name", "floored", "is_float", "layer_tolerance",
+           "policy_table", "scales", "tolerance_for"]

@@ -87,12 +87,41 @@ float64 2.2e-16, float32 1.2e-7, float16 9.8e-4, bfloat16 7.8e-3):
   warns, naming the array. The scale and the rule are written into the baseline with each
   tolerance (``Tolerance.scale``, ``reason``); a comparison takes ``S`` from the baseline's
   array, never from the new result.
+* **The scale of a user's arrays in float16 and bfloat16.** 1024 eps is 8 S in bfloat16 and
+  1.0 S in float16, and the fixed ``rtol`` (bfloat16 5e-2) alone passes a 5% change, so
+  low precision has its own rule, measured the same way (``python -m
+  benchmarks.tolerance_lowp``: eval mode, the logits, the map before the head's pool, the
+  loss and every gradient leaf of ``tests/_effnet.py`` (0.12 M and 4.0 M parameters),
+  ``tests/_resnet.py`` (34 k and 8.0 M) and a six-layer CNN, cast to the dtype; jit against
+  eager, the batch split in two, the head's pool and the first convolution's sum in another
+  order, jax 0.10.2 against 0.9.2, and the dtype against float32 on the same numbers)::
+
+    rtol = 0,   atol = ulps * eps * S   (no fixed cap)   LOW_PRECISION_ULPS:
+    bfloat16: 4 forward (outputs, the loss), 48 gradient;  float16: 16 and 128
+
+  Forward results moved by at most 1.11 eps S between two runs in the dtype (bfloat16;
+  float16 0.94) and 2.36 (float16 1.54) against float32: bfloat16's 4 leaves 3.6x and 1.7x,
+  float16's 16 leaves 17x and 10x. A 5% change moves the largest element by 0.05 S, 6.4 eps
+  S in bfloat16 and 51 in float16 (rounding the new value takes at most half an eps off),
+  1.5x and 3.2x the tolerance: bfloat16 catches any change of the largest element over 4 eps
+  = 3.1% of S, float16 over 1.6%. Gradient leaves are sums of many terms that XLA's CPU
+  reductions add partly in the dtype itself, so their rounding is a fraction of ``S``: two
+  runs in the dtype differed by up to 22 eps S in bfloat16 (the batch split, a BatchNorm
+  scale's gradient) and 45 in float16 (the input's channels reversed), and the dtype
+  against float32 by 65 and 694 (0.5 and 0.7 S). A 5% change (6.4 and 51 eps S) cannot be
+  told from that rounding, per element or by the relative norm of the difference (rounding
+  moved that by up to 16 and 46 eps, a 5% change by 6.4 and 51): the gradient rule, 48 and
+  128 eps S (3/8 and 1/8 of S), leaves 2.2x and 2.9x over the runs in the dtype and catches a
+  zeroed (2.7x and 8x) or negated leaf, not a 5% change; it does not cover the float32
+  comparison, so a release that summed these gradients in float32 would fail them. Below the
+  smallest normal number (float16's 6.1e-5) ``S`` is floored there, as above.
 * **Integers and bools** are always exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -124,6 +153,9 @@ _JAX_GRADIENT = (1e-5, 2e-3, 1e-2, 1e-1)
 # The default atol of a user's array is at most this many eps of its scale (the module
 # docstring says how it was measured).
 SCALE_ULPS = 1024
+# In float16 and bfloat16 it is this many eps of its scale, (forward, gradient), with rtol 0
+# and no fixed cap (the module docstring: the fixed numbers pass a 5% change there).
+LOW_PRECISION_ULPS = {"float16": (16, 128), "bfloat16": (4, 48)}
 # A gradient leaf's scale is at least the largest of its module's leaves over this.
 MODULE_SHARE = 8
 # The kinds whose default atol follows the baseline's scale: a user's model and gradient.
@@ -181,6 +213,16 @@ _REASONS = {
         "gradient of check_grad: autodiff vs autodiff; the backward pass repeats the forward's "
         "reductions, twice the forward's rounding; 4x the forward tolerance, capped at JAX's "
         "gradient tolerance"
+    ),
+    "low_model_fwd": (
+        "user model forward in low precision: rtol 0, atol a few eps of the array's scale, over "
+        "the rounding measured there and under a 5% change (override with rtol/atol)"
+    ),
+    "low_loss_fwd": "loss of check_grad: the user model forward's rule in low precision",
+    "low_gradient": (
+        "gradient of check_grad in low precision: rtol 0, atol over the rounding measured "
+        "there (a sum of many terms in the dtype); it catches a changed sign or a zeroed leaf, "
+        "not a 5% change"
     ),
     "user": "set by the test",
 }
@@ -321,23 +363,56 @@ def tolerance_for(
   if scale is None:
     return Tolerance("allclose", value if rtol is None else float(rtol), value,
                      reason if rtol is None else _REASONS["user"])
+  ulps, low = scale_ulps(dtype, grad=grad)
+  if low:
+    reason = _REASONS[("low_" + gradient_reason) if grad else "low_" + forward_reason]
   if rtol is not None:
     reason = f"{_REASONS['user']} (rtol); atol: {reason}"
-  rtol = value if rtol is None else float(rtol)
-  return Tolerance("allclose", rtol, *_scaled_atol(value, float(scale), dtype, reason))
+  rtol = (0.0 if low else value) if rtol is None else float(rtol)
+  cap = math.inf if low else value
+  return Tolerance("allclose", rtol, *_scaled_atol(cap, ulps, float(scale), dtype, reason))
 
 
-def _scaled_atol(fixed: float, scale: float, dtype, reason: str) -> tuple[float, str, float]:
+def scale_ulps(dtype, *, grad: bool) -> tuple[int, bool]:
+  """``(ulps, low)``: a user's array's default ``atol`` is ``ulps * eps * S`` (at most the
+  fixed ``atol`` unless ``low``), and ``low`` says the low-precision rule applies (``rtol``
+  0, no fixed cap; float16, bfloat16 and the other ml_dtypes floats, which get bfloat16's)."""
+  name = dtype_name(dtype)
+  if name in ("float64", "float32"):
+    return SCALE_ULPS, False
+  return LOW_PRECISION_ULPS.get(name, LOW_PRECISION_ULPS["bfloat16"])[grad], True
+
+
+def _scaled_atol(cap: float, ulps: int, scale: float, dtype, reason: str
+                 ) -> tuple[float, str, float]:
   """``(atol, reason, scale)`` of an array of the given scale: see the module docstring."""
   eps = float(ml_dtypes.finfo(np.dtype(dtype)).eps)
   if not scale >= _tiny(dtype):  # 0, subnormal (or NaN: no finite element)
-    atol = SCALE_ULPS * eps * _tiny(dtype)
-    return atol, (f"{reason}; atol floored at {SCALE_ULPS} eps x the smallest normal "
+    atol = ulps * eps * _tiny(dtype)
+    return atol, (f"{reason}; atol floored at {ulps} eps x the smallest normal "
                   f"({atol:.1e}): the baseline is all zero or subnormal, so it must stay so"), \
         (scale if scale == scale else 0.0)
-  atol = min(fixed, SCALE_ULPS * eps * scale)
-  return atol, (f"{reason}; atol = min({fixed:.0e}, {SCALE_ULPS} eps x the baseline's max|x| "
+  if math.isinf(cap):
+    return ulps * eps * scale, (f"{reason}; atol = {ulps} eps x the baseline's max|x| "
+                                f"{scale:.3g}"), scale
+  atol = min(cap, ulps * eps * scale)
+  return atol, (f"{reason}; atol = min({cap:.0e}, {ulps} eps x the baseline's max|x| "
                 f"{scale:.3g})"), scale
+
+
+def layer_tolerance(tol: Tolerance, dtype) -> tuple[float, float]:
+  """``(rtol, atol)`` for the fingerprints of a model's layers, from its output's tolerance.
+
+  Each statistic of a layer may move by ``atol + rtol * max|layer output|``. That is the
+  output's tolerance, except under the low-precision scaled rule (``rtol`` 0, ``atol`` ulps
+  of the output's scale): each layer then gets as many ulps of its own scale (``rtol`` those
+  ulps, ``atol`` 0), since a layer of values of order one rounds far more than the output's
+  ``atol`` where the output is of order 1e-3. ``dtype`` is the output's (None: not known,
+  the output's tolerance as it is).
+  """
+  if tol.rtol or tol.scale is None or dtype is None or floored(tol, dtype):
+    return tol.rtol, tol.atol
+  return tol.atol / tol.scale, 0.0
 
 
 def floored(tol: Tolerance, dtype) -> bool:
@@ -369,9 +444,15 @@ def scales(arrays: Mapping[str, np.ndarray]) -> dict[str, float]:
 
 
 def policy_table() -> list[dict[str, Any]]:
-  """The per-dtype numbers, for documentation and ``info``."""
+  """The per-dtype numbers, for documentation and ``info``: each family's forward and
+  gradient tolerance, and the scaled rule of a user's arrays (kinds ``model`` and
+  ``gradient``): ``atol = scaled_ulps * eps * S``, capped at the fixed number where
+  ``scaled_cap``, with ``rtol`` 0 where it is not."""
   return [
       {"dtype": name, **{f"{family}_{what}": _rtol(family, name, grad=what == "gradient")
-                         for family in _FORWARD for what in ("forward", "gradient")}}
+                         for family in _FORWARD for what in ("forward", "gradient")},
+       **{f"scaled_ulps_{what}": scale_ulps(name, grad=what == "gradient")[0]
+          for what in ("forward", "gradient")},
+       "scaled_cap": not scale_ulps(name, grad=False)[1]}
       for name in _FLOATS
   ]
