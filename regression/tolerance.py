@@ -16,12 +16,11 @@ from .compare.tolerance import (
   dtype_name,
   floored,
   is_float,
-  layer_tolerance,
   policy_table,
   scales,
   tolerance_for,
 )
 
 __all__ = ["EXACT", "KINDS", "LOW_PRECISION_ULPS", "MODULE_SHARE", "ROLES", "SCALED_KINDS",
-           "SCALE_ULPS", "Tolerance", "dtype_name", "floored", "is_float", "layer_tolerance",
+           "SCALE_ULPS", "Tolerance", "dtype_name", "floored", "is_float",
            "policy_table", "scales", "tolerance_for"]

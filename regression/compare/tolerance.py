@@ -400,21 +400,6 @@ def _scaled_atol(cap: float, ulps: int, scale: float, dtype, reason: str
                 f"{scale:.3g})"), scale
 
 
-def layer_tolerance(tol: Tolerance, dtype) -> tuple[float, float]:
-  """``(rtol, atol)`` for the fingerprints of a model's layers, from its output's tolerance.
-
-  Each statistic of a layer may move by ``atol + rtol * max|layer output|``. That is the
-  output's tolerance, except under the low-precision scaled rule (``rtol`` 0, ``atol`` ulps
-  of the output's scale): each layer then gets as many ulps of its own scale (``rtol`` those
-  ulps, ``atol`` 0), since a layer of values of order one rounds far more than the output's
-  ``atol`` where the output is of order 1e-3. ``dtype`` is the output's (None: not known,
-  the output's tolerance as it is).
-  """
-  if tol.rtol or tol.scale is None or dtype is None or floored(tol, dtype):
-    return tol.rtol, tol.atol
-  return tol.atol / tol.scale, 0.0
-
-
 def floored(tol: Tolerance, dtype) -> bool:
   """Whether ``tol`` was scaled from an array too small to scale from (all zero, subnormal)."""
   return tol.scale is not None and not tol.scale >= _tiny(dtype)
