@@ -5,6 +5,9 @@ the question a failing check after an upgrade asks next. It:
 
 1. finds the one package the two sets differ in, and lists the registry's releases of it
    between them (``pip index versions``, read by :mod:`nnx_pool.regression.upgrade.bisect_plan`);
+   what can be judged without installing is refused first, in one line
+   (:mod:`.preflight`: the sets swapped, a ``-k`` that selects no case, releases a package
+   kept at this environment's version excludes);
 2. records the baselines in the good set's environment, into a temporary directory: the
    kit's batch (``record``) and, with ``pytest_paths``, the user's ``nnx_regression`` tests
    (``--nnx-regression-dir``), which then run once more there, comparing only, so that a
@@ -13,13 +16,16 @@ the question a failing check after an upgrade asks next. It:
 3. checks them in the bad set's environment (the bad set passing: nothing to bisect), then
    in the release halfway between the last good and the first moved one, until the two
    are neighbours. A release that cannot be installed or tested is skipped and the halving
-   goes around it, as ``git bisect skip`` does.
+   goes around it, as ``git bisect skip`` does. Where the user's tests failed at the first
+   moved release, the baselines and obtained files their report names are kept (the note
+   says where); everything else in the temporary directory is removed.
 
 Every environment is the rehearsal cache's (:func:`nnx_pool.regression.upgrade.rehearse.in_cache`),
 built and kept current as ``rehearse`` builds it, and reused by later bisects and
-rehearsals. A set that this environment already satisfies (the bad set ``jax==0.10.2``
-where jax 0.10.2 is installed) runs here instead, building nothing; nothing is written into
-this environment either way.
+rehearsals; every step installs the sets' extras and markers. A set that this environment
+already holds (the bad set ``jax==0.10.2`` where jax 0.10.2 is installed, and nothing here,
+such as a jax plugin, that an environment built for it would lack: :mod:`.bisect_here`)
+runs here instead, building nothing; nothing is written into this environment either way.
 
 Nothing here prints but ``say``, told one line per step (the release, its verdict, the
 time, how its environment was made); :mod:`nnx_pool.regression.cli` prints the rest.
@@ -28,6 +34,7 @@ time, how its environment was made); :mod:`nnx_pool.regression.cli` prints the r
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -39,9 +46,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from .. import store
-from . import rehearse_cache, rehearse_env
+from . import preflight, rehearse_cache, rehearse_env
 from .bisect_plan import (
-  GOOD,
   SKIP,
   Halving,
   Listing,
@@ -53,9 +59,19 @@ from .bisect_plan import (
   partner_of,
   releases_between,
 )
-from .bisect_steps import FAILED, HERE, RECORDED, Bisected, Fatal, Step, StepRunner
+from .bisect_steps import (
+  FAILED,
+  HERE,
+  USER_DIR,
+  Bisected,
+  Fatal,
+  Step,
+  StepRunner,
+  bad_end,
+)
 from .rehearse_env import StepProgress
-from .rehearse_plan import RehearsalError
+from .rehearse_plan import RehearsalError, installed_depends, installed_pins
+from .rehearse_source import this_source
 
 Lister = Callable[[str, bool], Listing]
 
@@ -136,26 +152,36 @@ def bisect(
   lister = lister or registry_releases
   started = time.monotonic()
   try:
-    span = find_span(parse_set(good, "--good"), parse_set(bad, "--bad"))
+    sets = parse_set(good, "--good"), parse_set(bad, "--bad")
+    span = find_span(*sets)
+    if batch:
+      preflight.kit_pattern(pattern, "bisect")
     walk = releases_between(lister(span.package, pre), span, pre=pre)
     partners = lister(span.partner, pre) if span.partner else None
+    preflight.pin_conflicts(
+        span.package, walk.releases, named={*sets[0], *sets[1]}, pins=installed_pins(),
+        depends=installed_depends(), requires=this_source().requires,
+        also=["pytest"] * (pytest_paths is not None) + ["matplotlib"] * (html is not None),
+        resolve=resolve)
     keep = rehearse_cache.keep_count()
   except RehearsalError as e:
     return Bisected(2, error=str(e))
   found = Bisected(0, notes=[f"left out: {line}" for line in walk.left_out])
-  ends = {span.good: parse_set(good, "--good"), span.bad: parse_set(bad, "--bad")}
+  ends = {span.good: sets[0], span.bad: sets[1]}
   tell(f"bisect: {span.package} {span.good} -> {span.bad}: {len(walk.releases)} releases "
        f"({', '.join(map(str, walk.releases))}); records in the first, checks the last, then "
        f"at most {walk.steps()} between")
   for note in found.notes:
     tell(f"bisect: {note}")
-  with tempfile.TemporaryDirectory(prefix="nnx-pool-bisect-") as tmp:
+  scratch, kept = Path(tempfile.mkdtemp(prefix="nnx-pool-bisect-")), []
+  try:
     try:
-      state = StepRunner(span, Path(tmp), resolve, batch,
+      state = StepRunner(span, scratch, resolve, batch,
                       None if pytest_paths is None else tuple(pytest_paths), pattern,
                       html is not None, progress, 2 + walk.steps(), here=this_environment())
     except RehearsalError as e:
       return Bisected(2, error=str(e))
+    tell(f"bisect: {state.installer.why}")
 
     def requirements(release: Version) -> list[str] | None:
       if release in ends:
@@ -188,26 +214,50 @@ def bisect(
     except Fatal as e:
       found.exit_code, found.error = 2, str(e)
       result = found
+    kept = _kept(result, scratch)
+    result.notes += state.notes
     _finish(result, walk, span, html, keep, time.monotonic() - started)
+  finally:
+    _clean(scratch, kept)
   return result
+
+
+def _kept(found: Bisected, scratch: Path) -> list[Path]:
+  """What outlives the bisect: where the first moved release's test report names files (the
+  baselines the tests recorded, what that release obtained), so that ``report`` can draw it
+  again; the note says where. Nothing otherwise."""
+  moved = found.moved
+  if moved is None or moved.tests is None:
+    return []
+  kept = [path for path in (scratch / USER_DIR, moved.tmp) if path is not None and path.exists()]
+  size = sum(_size(path) for path in kept)
+  found.notes.append(
+      f"the baselines your tests recorded with {found.steps[0].label}, and what "
+      f"{moved.label} obtained, which their report names, are kept in "
+      f"{rehearse_cache.shown(scratch)} ({size / 1e6:.1f} MB): `nnx-pool-regression report` "
+      "draws that report again from there; remove the directory when done")
+  return kept
+
+
+def _clean(scratch: Path, kept: Sequence[Path]) -> None:
+  """Removes the bisect's directory, all but ``kept`` (no link followed)."""
+  if not kept:
+    shutil.rmtree(scratch, ignore_errors=True)
+    return
+  for path in scratch.iterdir():
+    if path not in kept:
+      if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        path.unlink(missing_ok=True)
 
 
 def _halve(found: Bisected, walk: Walk, span: Span, step: Callable[[int], Step]) -> Bisected:
   """Records in the good release, checks the bad one, then halves between them."""
   first = step(0)
-  if first.verdict != RECORDED:
-    found.exit_code, found.log = 2, first.tests
-    found.error = (f"bisect: could not record the baselines with --good ({first.label}): "
-                   f"{first.why}.")
-    return found
-  last = step(len(walk.releases) - 1)
-  if last.verdict == FAILED:
-    found.exit_code = 2
-    found.error = f"bisect: the --bad set ({last.label}) {last.why}; nothing was bisected."
-    return found
-  if last.verdict == GOOD:
-    found.answer = (f"nothing moved: {last.label} passes against the baselines recorded with "
-                    f"{first.label}; nothing to bisect")
+  last = bad_end(found, first, lambda: step(len(walk.releases) - 1), f"--good ({first.label})",
+                 "--bad")
+  if last is None:
     return found
   halving = Halving(len(walk.releases))
   checked = {0: first, len(walk.releases) - 1: last}
@@ -225,21 +275,24 @@ def _halve(found: Bisected, walk: Walk, span: Span, step: Callable[[int], Step])
   return found
 
 
+def total_line(steps: Sequence[Step], seconds: float) -> str:
+  """``bisect: 4 steps, 3 installs, 1.2 minutes, 0.02 GB of environments (...)``."""
+  envs = {s.env for s in steps if s.env is not None and s.env.is_dir()}
+  own, linked = rehearse_cache.disk_use(sorted(envs))
+  here = any(s.how == HERE for s in steps)
+  installs = sum(s.built for s in steps)
+  shared = f"; {linked / 1e9:.2f} GB more linked from uv's cache" if linked else ""
+  return (f"bisect: {len(steps)} steps, {installs} install{'s' * (installs != 1)}, "
+          f"{seconds / 60:.1f} minutes, {own / 1e9:.2f} GB of environments "
+          f"({len(envs)} in {rehearse_cache.shown(rehearse_cache.cache_root())}"
+          f"{', and this environment' if here else ''}{shared})")
+
+
 def _finish(found: Bisected, walk: Walk, span: Span, html: str | os.PathLike | None, keep: int,
             seconds: float) -> None:
   """The total line, the page of the first moved release, and the cache's clean-up."""
-  envs = {s.env for s in found.steps if s.env is not None and s.env.is_dir()}
-  size = sum(_size(env) for env in envs)
-  here = any(s.how == HERE for s in found.steps)
-  installs = sum(s.built for s in found.steps)
-  found.total = (f"bisect: {len(found.steps)} steps, {installs} install{'s' * (installs != 1)}, "
-                 f"{seconds / 60:.1f} minutes, {size / 1e9:.2f} GB of environments "
-                 f"({len(envs)} in {rehearse_cache.shown(rehearse_cache.cache_root())}"
-                 f"{', and this environment' if here else ''})")
+  found.total = total_line(found.steps, seconds)
   moved = found.moved
-  if moved is not None and moved.tests:
-    found.notes.append("the baselines and .obtained files your tests' report names lay in the "
-                       "bisect's temporary directory, removed as it ended")
   if html is not None and moved is not None:
     if moved.page is not None:
       store.write_atomic(Path(html), moved.page.read_bytes())

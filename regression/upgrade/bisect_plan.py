@@ -7,8 +7,9 @@ Nothing here installs or runs anything (:mod:`nnx_pool.regression.upgrade.bisect
   :meth:`~nnx_pool.regression.upgrade.rehearse_plan.Requirement.parse`;
 * :func:`find_span` finds the one package the good and the bad set differ in (jax and
   jaxlib count as one: a release of jax is installed with its jaxlib), and refuses two
-  equal sets, two or more differing packages, and a differing package without an exact
-  ``==`` release on each side;
+  equal sets, two or more differing packages, a differing package without an exact
+  ``==`` release on each side or named with other extras or markers on each, and a good
+  release newer than the bad one (the sets swapped);
 * :func:`parse_index` reads what ``pip index versions NAME -vv`` printed: the releases pip
   would install here and those it leaves out as yanked;
 * :func:`releases_between` lists the registry's releases from the good one to the bad one
@@ -31,6 +32,7 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote, urlsplit
 
 from packaging.requirements import Requirement as Pep508
+from packaging.specifiers import SpecifierSet
 from packaging.utils import (
   InvalidSdistFilename,
   InvalidWheelFilename,
@@ -96,6 +98,8 @@ class Span:
       partner's (:func:`partner_of`); None when the sets name the partner alike, or for
       another package.
     common: the requirements both sets hold, as pip reads them.
+    forms: the good set's requirement of the package (and of the partner, where it names
+      one), whose extras and marker every step keeps: ``jax[cuda12]==0.9.0``.
   """
 
   package: str
@@ -103,13 +107,20 @@ class Span:
   bad: Version
   partner: str | None
   common: tuple[str, ...]
+  forms: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def requirements(self, version: Version, partner: Version | None) -> list[str]:
-    """The requirement set of one step: ``jax==0.9.2 jaxlib==0.9.2`` and the common ones."""
-    pinned = [f"{self.package}=={version}"]
+    """The requirement set of one step: ``jax==0.9.2 jaxlib==0.9.2`` and the common ones, each
+    with the extras and marker the sets give it (``jax[cuda12]==0.9.2``)."""
+    pinned = [self._at(self.package, version)]
     if self.partner is not None and partner is not None:
-      pinned.append(f"{self.partner}=={partner}")
+      pinned.append(self._at(self.partner, partner))
     return [*pinned, *self.common]
+
+  def _at(self, name: str, version: Version) -> str:
+    req = Pep508(self.forms.get(name, name))
+    req.specifier = SpecifierSet(f"=={version}")
+    return str(req)
 
 
 def _exact(req: Requirement | None, flag: str, name: str) -> Version:
@@ -134,8 +145,9 @@ def find_span(good: Mapping[str, Requirement], bad: Mapping[str, Requirement]) -
     bad: the bad set.
 
   Raises:
-    RehearsalError: the sets are the same, differ in two or more packages, or do not name
-      an exact release of the differing package on each side.
+    RehearsalError: the sets are the same, differ in two or more packages, do not name
+      an exact release of the differing package on each side, name it with other extras or
+      markers, or name a good release newer than the bad one.
   """
   names = sorted(set(good) | set(bad))
   differ = [n for n in names if _same(good.get(n)) != _same(bad.get(n))]
@@ -155,11 +167,44 @@ def find_span(good: Mapping[str, Requirement], bad: Mapping[str, Requirement]) -
   if partner is not None and partner not in differ and partner in good:
     partner = None  # both sets name the same partner: it stays as named
   common = tuple(good[n].text for n in names if n not in differ and n != partner)
+  for name in differ:
+    _same_but_version(good.get(name), bad.get(name))
+  forms = {n: good[n].text for n in (package, partner) if n is not None and n in good}
   span = Span(package, _exact(good.get(package), "--good", package),
-              _exact(bad.get(package), "--bad", package), partner, common)
+              _exact(bad.get(package), "--bad", package), partner, common, forms)
   if span.good == span.bad and (partner is None or partner not in differ):
     raise same  # jax==0.9.0 and jax==0.9: the same release
+  if span.good > span.bad:
+    given = (" ".join(r.text for r in good.values()), " ".join(r.text for r in bad.values()))
+    raise RehearsalError(
+        f"bisect: --good {package}=={span.good} is newer than --bad {package}=={span.bad}: "
+        "bisect walks from the older release, whose numbers are right, to the newer one that "
+        f"moved them; swap --good and --bad: --good {_quoted(given[1])} --bad "
+        f"{_quoted(given[0])}.")
   return span
+
+
+def _same_but_version(good: Requirement | None, bad: Requirement | None) -> None:
+  """Refuses a package the two sets name with other extras or markers: a step between them
+  would install one of the two forms, and the change of form be blamed on a release."""
+  if good is None or bad is None:
+    return
+  a, b = Pep508(good.text), Pep508(bad.text)
+  if (a.extras, str(a.marker)) == (b.extras, str(b.marker)):
+    return
+  extras = f"[{','.join(sorted(a.extras | b.extras))}]" if a.extras | b.extras else ""
+  marker = a.marker or b.marker
+  fixed = [f"{a.name}{extras}{spec}" + (f"; {marker}" if marker else "")
+           for spec in (a.specifier, b.specifier)]
+  raise RehearsalError(
+      f"bisect: --good names {good.text} and --bad {bad.text}: they differ in more than the "
+      "release (extras or marker), and every step must install the same form; give both the "
+      f"same, e.g. --good {_quoted(fixed[0])} --bad {_quoted(fixed[1])}.")
+
+
+def _quoted(text: str) -> str:
+  """A set as one shell argument, quoted as the docs write it: ``'jax==0.9.0'``."""
+  return f"'{text}'" if "'" not in text else shlex.quote(text)
 
 
 def _same(req: Requirement | None) -> tuple[str, object] | None:
@@ -261,7 +306,7 @@ def releases_between(listing: Listing, span: Span, *, pre: bool = False) -> Walk
     if end not in listing.versions and end not in listing.yanked:
       raise RehearsalError(f"bisect: {flag} {name}=={end} is not a release the registry serves "
                            f"here ({_nearest(listing, end)}).")
-  low, high = sorted((span.good, span.bad))
+  low, high = span.good, span.bad
   inside = [v for v in listing.versions if low < v < high]
   walked = [v for v in inside if pre or not v.is_prerelease]
   left_out = [f"{name} {v} (a pre-release; --pre walks them)" for v in inside if v not in walked]
@@ -273,8 +318,7 @@ def releases_between(listing: Listing, span: Span, *, pre: bool = False) -> Walk
         f"bisect: the registry has no release of {name} between {low} and {high}{also}: they "
         f"are neighbours, so if your check fails with {name} {span.bad} and passes with "
         f"{span.good}, {span.bad} is the release that moved it; there is nothing to bisect.")
-  ordered = [low, *walked, high]
-  return Walk(tuple(ordered if span.good < span.bad else ordered[::-1]), tuple(left_out))
+  return Walk((low, *walked, high), tuple(left_out))
 
 
 def partner_of(version: Version, partner: Listing) -> Version | None:

@@ -4,6 +4,7 @@ good end) or checked (every other release), and what the step found."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib.util
 import json
 import subprocess
@@ -14,13 +15,15 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..report import Report
-from . import rehearse, rehearse_cache, rehearse_env
-from .bisect_plan import GOOD, MOVED, SKIP, Span, duration, fits, label
-from .rehearse_env import Job, StepProgress, Steps
+from . import installer, rehearse, rehearse_cache, rehearse_env, rehearse_pytest
+from .bisect_here import Here
+from .bisect_plan import GOOD, MOVED, SKIP, Span, duration, label
+from .rehearse_env import Job, StepProgress, Steps, own_requirements
 from .rehearse_plan import RehearsalError, installed_depends, installed_pins, make_plan
 from .rehearse_source import this_source
 
 RECORDED = "recorded"
+USER_DIR = "user"  # the bisect's directory of the baselines the user's tests record
 
 
 FAILED = "failed"  # the good set not recorded, or an end not installed or tested
@@ -41,25 +44,31 @@ class Step:
     label: the release with the versions beside it (:func:`~.bisect_plan.label`).
     seconds: how long the step took, its environment's build included.
     how: how its environment was made ready (built, updated, reused), or "this environment".
+    not_here: why it did not run in this environment, whose versions it fits (its extras,
+      a local build, a jax plugin here); empty otherwise.
     env: the cached environment it ran in (None: this environment, or none was built).
     why: what could not be installed or tested (``SKIP``), or recorded (a failed record).
     report: the kit's check (None without the batch, or where check wrote no report).
     tests: pytest's output (with ``pytest_paths``).
     tested: pytest's exit status.
     page: the HTML page of its failure, with ``html``.
+    tmp: its tests' temporary directory, inside the bisect's: what a failing check obtained
+      lies there.
   """
 
-  release: Version
+  release: Version | datetime.date
   verdict: str = SKIP
   label: str = ""
   seconds: float = 0.0
   how: str = ""
+  not_here: str = ""
   env: Path | None = None
   why: str = ""
   report: Report | None = None
   tests: str | None = None
   tested: int | None = None
   page: Path | None = None
+  tmp: Path | None = None
 
   @property
   def built(self) -> bool:
@@ -71,7 +80,8 @@ class Step:
     word = "skipped" if self.verdict == SKIP else self.verdict
     what = f"{word}, {self.why}" if self.why else word
     where = ("" if not self.how else f" ({self.how})" if self.how == HERE
-             else f" (environment {self.how})")
+             else f" (environment {self.how}" + (f"; not run here: {self.not_here})"
+                                                 if self.not_here else ")"))
     return f"bisect: step {n}: {self.label}: {what}, {duration(self.seconds)}{where}"
 
 
@@ -120,7 +130,7 @@ class _StepLine:
 class StepRunner:
   """One bisect's settings, and where it keeps its baselines."""
 
-  span: Span
+  span: Span | None  # None: bisect by date (name labels the steps)
   scratch: Path
   resolve: bool
   batch: bool
@@ -130,30 +140,43 @@ class StepRunner:
   progress: StepProgress | None
   expected: int
   here: Path | None = None
-  here_versions: dict[str, str] = dataclasses.field(default_factory=dict)
+  # A step's label from its release and versions (bisect by date names the day); default
+  # bisect_plan.label of the span's package.
+  name: Callable[[Version | datetime.date, dict[str, str]], str] | None = None
+
+  def labelled(self, release: Version | datetime.date, versions: dict[str, str]) -> str:
+    """The step's label: :attr:`name`'s, else :func:`~.bisect_plan.label`."""
+    if self.name is not None or self.span is None:
+      return self.name(release, versions) if self.name is not None else str(release)
+    return label(self.span.package, str(release), versions)
 
   def __post_init__(self) -> None:
     self.source = this_source()
     self.pins = installed_pins()
     self.depends = installed_depends() if self.resolve else {}
     self.kit = self.scratch / "kit"
-    self.user = self.scratch / "user"
-    if self.here is not None:
-      self.here_versions = rehearse_env.environment_versions(self.here)
+    self.user = self.scratch / USER_DIR
+    self.present = Here.read(self.here) if self.here is not None else None
+    self.installer = installer.choose()
+    self.notes: list[str] = []  # the installer's (uv copied, not linked)
+    # What an environment built for a step holds besides the set (bisect_here.Here.differs).
+    self.also = [*own_requirements(self.source.requires, ("report",) if self.html else ()),
+                 *["pytest"] * (self.pytest_paths is not None)]
 
-  def _runs_here(self, requirements: Sequence[str]) -> bool:
-    needs = ["pytest"] * (self.pytest_paths is not None) + ["matplotlib"] * self.html
-    return (self.here is not None and fits(requirements, self.here_versions)
-            and all(name in self.here_versions for name in needs))
+  def _runs_here(self, requirements: Sequence[str]) -> tuple[bool, str]:
+    if self.present is None:
+      return False, ""
+    return self.present.differs(requirements, self.also)
 
-  def run(self, n: int, release: Version, requirements: Sequence[str], then: int,
+  def run(self, n: int, release: Version | datetime.date, requirements: Sequence[str], then: int,
           work: Callable[[Path, Path, Steps, Step], None]) -> Step:
     """Runs ``work(env, rehearsed, steps, step)`` where ``requirements`` are installed."""
-    step = Step(release, label=f"{self.span.package} {release}")
+    step = Step(release, label=self.labelled(release, {}))
     started = time.monotonic()
     steps = Steps(_StepLine(self.progress, n, self.expected, step.label), then)
     try:
-      here = self.here if self._runs_here(requirements) else None
+      runs_here, step.not_here = self._runs_here(requirements)
+      here = self.here if runs_here else None
       if here is not None:
         spec = importlib.util.find_spec("nnx_pool")
         package = Path(spec.origin).parent if spec and spec.origin else here
@@ -163,9 +186,9 @@ class StepRunner:
         plan = make_plan(requirements, pins=self.pins, requires=self.source.requires,
                          html=self.html, pytest=self.pytest_paths is not None,
                          resolve=self.resolve, depends=self.depends)
-        job = Job(plan, self.source, self.scratch, steps, self.pins)
+        job = Job(plan, self.source, self.scratch, steps, self.pins, self.installer, self.notes)
         _, step.how = rehearse.in_cache(
-            job, then, lambda env: work(env, rehearse_env.rehearsed_package(env), steps, step))
+            job, then, lambda env: work(env, rehearse_pytest.rehearsed_package(env), steps, step))
         step.env = rehearse_cache.cache_root() / plan.key() / rehearse_cache.ENV_DIR
     except RehearsalError as e:
       step.verdict, step.why = SKIP, f"could not be installed: {str(e).removeprefix('rehearse: ')}"
@@ -183,17 +206,19 @@ class StepRunner:
     then differ between the run that records and those that check.
     """
     log, foreign = self.scratch / f"{name}.log", self.scratch / f"{name}.foreign"
-    code = rehearse_env.run_pytest(
+    # Their own TMPDIR: what a failing check obtained stays in the bisect's directory.
+    code = rehearse_pytest.run_pytest(
         env, [*(self.pytest_paths or ()), f"--nnx-regression-dir={self.user}", *extra],
-        rehearsed=rehearsed, foreign=foreign, check_only=check_only, output=log)
-    error = rehearse_env.foreign_error(foreign, rehearsed)
+        rehearsed=rehearsed, foreign=foreign, check_only=check_only, output=log,
+        tmp=self.scratch / f"{name}.tmp")
+    error = rehearse_pytest.foreign_error(foreign, rehearsed)
     if error:
       raise Fatal(error.replace("rehearse:", "bisect:", 1))
     return code, log.read_text(errors="replace")
 
   def record(self, env: Path, rehearsed: Path, steps: Steps, step: Step) -> None:
     """Records the kit's batch and the user's tests there (see the module docstring)."""
-    step.label = label(self.span.package, step.release, rehearse_env.environment_versions(env))
+    step.label = self.labelled(step.release, rehearse_env.environment_versions(env))
     if self.batch:
       steps.next("recording the kit's baselines (record)")
       steps.clear()  # record draws its own case n/N line
@@ -220,7 +245,7 @@ class StepRunner:
 
   def check(self, env: Path, rehearsed: Path, steps: Steps, step: Step, n: int) -> None:
     """Checks the recorded baselines there; sets the step's verdict."""
-    step.label = label(self.span.package, step.release, rehearse_env.environment_versions(env))
+    step.label = self.labelled(step.release, rehearse_env.environment_versions(env))
     pages = []
     problems = []
     code = None
@@ -234,11 +259,15 @@ class StepRunner:
       pages.append(page)
       if code not in (0, 1) or step.report is None:
         problems.append(f"check exited {code} (its messages above say why)")
+      elif _platform_changes(step.report):
+        problems.append(f"it ran on another platform than the recording "
+                        f"({', '.join(_platform_changes(step.report))}), which no release moves")
     if self.pytest_paths is not None:
       steps.next("running your tests (pytest)")
       page = self.scratch / f"tests-{n}.html"
       extra = [f"--nnx-regression-html={page}"] if self.html else []
       step.tested, step.tests = self._pytest(env, rehearsed, extra, f"check-{n}")
+      step.tmp = self.scratch / f"check-{n}.tmp"
       pages.insert(0, page)  # your tests' page first: your model is the question
       if step.tested not in (0, 1):
         problems.append(f"pytest exited {step.tested} ({_meaning(step.tested)})")
@@ -247,6 +276,28 @@ class StepRunner:
       step.verdict, step.why = SKIP, "could not be tested: " + "; ".join(problems)
     else:
       step.verdict = MOVED if 1 in (code, step.tested) else GOOD
+
+
+def bad_end(found: Bisected, first: Step, check_last: Callable[[], Step], good: str,
+            bad: str) -> Step | None:
+  """The bad set's step, checked once the good one (``first``) recorded; None where the
+  bisect ends at its ends, ``found`` then saying why: the baselines could not be recorded
+  with the good set (``good``: how the command names it, ``--good (jax 0.9.0)``), the bad
+  set (``bad``: its option) failed, or nothing moved."""
+  if first.verdict != RECORDED:
+    found.exit_code, found.log = 2, first.tests
+    found.error = f"bisect: could not record the baselines with {good}: {first.why}."
+    return None
+  last = check_last()
+  if last.verdict not in (GOOD, MOVED):
+    found.exit_code = 2
+    found.error = f"bisect: the {bad} set ({last.label}) {last.why}; nothing was bisected."
+    return None
+  if last.verdict == GOOD:
+    found.answer = (f"nothing moved: {last.label} passes against the baselines recorded with "
+                    f"{first.label}; nothing to bisect")
+    return None
+  return last
 
 
 class Fatal(Exception):
@@ -263,6 +314,14 @@ def _kit(env: Path, args: Sequence[str], scratch: Path) -> int:
   return subprocess.run(command, cwd=scratch, env=rehearse_env.subprocess_env(env),
                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                         check=False).returncode
+
+
+def _platform_changes(report: Report) -> list[str]:
+  """The report's environment changes of the device (``platform cpu -> gpu``)."""
+  return [line for line in report.stamp_changes if line.split(" ", 1)[0] in _PLATFORM]
+
+
+_PLATFORM = ("platform", "device_kind", "device_count", "machine", "python_implementation")
 
 
 def _read_report(path: Path) -> Report | None:

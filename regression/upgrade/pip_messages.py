@@ -1,4 +1,4 @@
-"""pip's failures in one line: what it could not install, and why.
+"""pip's and uv's failures in one line: what they could not install, and why.
 
 ``pip install`` prints its resolver's story over many lines. :func:`pip_failure` keeps
 the line that says why (no matching distribution; the conflict, less the lines that are
@@ -74,3 +74,35 @@ def _conflict(causes: Sequence[str], pins: Mapping[str, str], resolve: bool) -> 
       hints.append(f"{pinned.group(1)} {pinned.group(2)} is this environment's version; "
                    f"name a {pinned.group(1)} version too")
   return "; ".join(parts) + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def uv_failure(output: str, requirements: Sequence[str], pins: Mapping[str, str] | None = None,
+               *, resolve: bool = False) -> str:
+  """The one line that says why ``uv pip`` failed: its resolver's reason (what follows
+  ``cause:``, or ``╰─▶`` on a terminal), else its last ``error:``, naming the requirement it
+  could not install; a version of this environment's in the way says so and what to do."""
+  lines = output.splitlines()
+  start = next((i for i, line in enumerate(lines)
+                if "╰─▶" in line or line.strip().startswith("cause:")), None)
+  if start is not None:
+    first = lines[start]
+    reason = [first.split("╰─▶", 1)[1] if "╰─▶" in first else first.strip()[len("cause:"):]]
+    for line in lines[start + 1:]:
+      if not line.strip() or line.strip().startswith(("hint:", "help:")):
+        break
+      reason.append(line)
+    text = " ".join(" ".join(reason).split())
+  else:
+    errors = [line.strip().removeprefix("error:").strip() for line in lines
+              if line.strip().startswith("error:")]
+    text = errors[-1] if errors else next((line.strip() for line in reversed(lines)
+                                           if line.strip()), "uv failed without a message")
+  hints = []
+  for name, version in re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?),? depends on", text):
+    if (pins or {}).get(normalise(name)) == version and normalise(name) != SELF:
+      hints.append(f"{name} {version} is this environment's version; name a {name} version "
+                   + ("too" if resolve else "too, or pass --resolve to let it choose one"))
+  mentioned = {normalise(t) for t in _TOKEN.findall(text)}
+  which = [r for r in requirements if Requirement.parse(r).name in mentioned or r in text]
+  return (f"rehearse: uv could not install {' '.join(which or requirements)}: {text}"
+          + (f" ({'; '.join(dict.fromkeys(hints))})" if hints else ""))

@@ -13,9 +13,11 @@ the numbers before anything here changes. It:
 3. runs ``check`` there against a baseline of this environment (the shipped one by
    default) and returns its report, with the version changes the rehearsal made
    marked ``(rehearsal)``: ``jax 0.10.2 -> 0.9.2 (rehearsal)``;
-4. with ``pytest_paths``, runs the user's ``python -m pytest ARGS`` there too, in the
-   user's directory, with ``NNX_REGRESSION_CHECK_ONLY=1``, so the ``nnx_regression``
-   fixture compares with the recorded baselines and never writes one. ``batch=False``
+4. with ``pytest_paths``, runs the user's ``python -m pytest ARGS`` there too, before
+   ``check`` (:mod:`.rehearse_pytest`), in the user's directory, with
+   ``NNX_REGRESSION_CHECK_ONLY=1``, so the ``nnx_regression`` fixture compares with the
+   recorded baselines and never writes one; what it found (exit status, tests by outcome,
+   the ids that failed) goes into the report, its JSON and ``check``'s page. ``batch=False``
    (``--no-batch``) skips step 3: only the user's tests run, and the report compares the
    two environments' stamps.
 
@@ -40,9 +42,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .. import store
 from ..report import Report
-from ..stamp import git_revision, installed_versions, stamp_rows
-from . import rehearse_cache, rehearse_env
+from ..stamp import git_revision, installed_versions, labelled_changes
+from . import installer, preflight, rehearse_cache, rehearse_env, rehearse_pytest
 from .rehearse_env import Job, StepProgress, Steps
 from .rehearse_plan import (
   Plan,
@@ -84,10 +87,9 @@ def rehearsal_changes(old: Mapping[str, Any], new: Mapping[str, Any],
   """
   versions = new.get("versions") or {}
   lines = []
-  for label, before, after, changed in stamp_rows(old, new):
-    if changed:
-      ours = label in versions and versions[label] != here.get(label)
-      lines.append(f"{label} {before} -> {after}" + (" (rehearsal)" if ours else ""))
+  for label, line in labelled_changes(old, new):
+    ours = label in versions and versions[label] != here.get(label)
+    lines.append(line + (" (rehearsal)" if ours else ""))
   return lines
 
 
@@ -127,31 +129,40 @@ class _Outcome:
   json_path: Path
   there: dict[str, str]  # the environment's versions
   tested: int | None = None
+  result: dict[str, Any] | None = None  # what the user's tests found (read_result)
   error: str | None = None
   where: str = ""
+  disk: str = ""  # the environment's disk (disk), where it is kept
 
 
 def _run_there(env: Path, job: Job, run: _Run) -> _Outcome:
-  """Runs check (or, without the batch, info for the stamp), then the user's tests."""
+  """Runs the user's tests first, so that check's report and page hold their result, then
+  check (or, without the batch, info for the stamp)."""
   json_path = job.scratch / "check.json"
+  tested = result = error = None
+  result_path = job.scratch / "pytest-result.json"
+  if run.pytest_paths is not None:
+    job.steps.next(f"running {shlex.join(['pytest', *run.pytest_paths])}")
+    job.steps.clear()
+    rehearsed = rehearse_pytest.rehearsed_package(env)
+    foreign = job.scratch / "foreign-nnx-pool.txt"
+    tested = rehearse_pytest.run_pytest(env, run.pytest_paths, rehearsed=rehearsed,
+                                        foreign=foreign, result=result_path)
+    error = rehearse_pytest.foreign_error(foreign, rehearsed)
+    meaning = PYTEST_EXITS.get(tested, (2, "an unknown status"))[1]
+    result = rehearse_pytest.read_result(result_path, run.pytest_paths, tested, meaning)
+    store.write_atomic(result_path, json.dumps(result).encode())
   if run.batch:
     job.steps.next("running check")
     job.steps.clear()  # check draws its own case n/N line
     code = rehearse_env.run_check(env, run.baseline, json_path, pattern=run.pattern,
-                                  dry_run=run.dry_run, html=run.html, scratch=job.scratch)
+                                  dry_run=run.dry_run, html=run.html, scratch=job.scratch,
+                                  pytest_result=None if result is None else result_path)
   else:
     job.steps.next("reading the environment's stamp (info)")
     code = rehearse_env.run_info(env, json_path, scratch=job.scratch)
-  outcome = _Outcome(code, json_path, rehearse_env.environment_versions(env))
-  if run.pytest_paths is not None:
-    job.steps.next(f"running {shlex.join(['pytest', *run.pytest_paths])}")
-    job.steps.clear()
-    rehearsed = rehearse_env.rehearsed_package(env)
-    foreign = job.scratch / "foreign-nnx-pool.txt"
-    outcome.tested = rehearse_env.run_pytest(env, run.pytest_paths, rehearsed=rehearsed,
-                                             foreign=foreign)
-    outcome.error = rehearse_env.foreign_error(foreign, rehearsed)
-  return outcome
+  return _Outcome(code, json_path, rehearse_env.environment_versions(env), tested, result,
+                  error)
 
 
 def rehearse(
@@ -193,12 +204,15 @@ def rehearse(
     writing a report, or the tests imported another nnx_pool.
   """
   try:
+    if batch:
+      preflight.kit_pattern(pattern, "rehearse")  # before minutes of pip, not after
     source = this_source()
     pins = installed_pins()
     depends = installed_depends() if resolve else {}
     plan = make_plan(requirements, pins=pins, requires=source.requires, html=html is not None,
                      pytest=pytest_paths is not None, resolve=resolve, depends=depends)
     keep = rehearse_cache.keep_count() if cache else 0
+    chosen = installer.choose()
   except RehearsalError as e:
     return Report(command="check", exit_code=2, error=str(e))
   here = installed_versions()
@@ -208,7 +222,7 @@ def rehearse(
              None if html is None else Path(html).absolute(),
              None if pytest_paths is None else tuple(pytest_paths), batch)
   with tempfile.TemporaryDirectory(prefix="nnx-pool-rehearse-") as tmp:
-    job = Job(plan, source, Path(tmp), Steps(progress, 2 + run.then()), pins)
+    job = Job(plan, source, Path(tmp), Steps(progress, 2 + run.then()), pins, chosen)
     try:
       outcome = _in_cache(job, run) if cache else _in_throwaway(job, run)
     except RehearsalError as e:
@@ -219,6 +233,7 @@ def rehearse(
   others = ("everything else at this environment's versions, or older where --resolve chose"
             if resolve else "everything else at this environment's versions")
   what = "check ran" if batch else "your tests ran (--no-batch: not the kit's own cases)"
+  report.notes += [f"rehearsal: {line}" for line in (chosen.why + outcome.disk, *job.notes)]
   report.notes.append(f"rehearsal: {what} in a separate environment with "
                       f"{' '.join(plan.changes)}, {others}; {outcome.where}")
   report.notes += resolved_notes(plan, outcome.there, pins, depends)
@@ -227,7 +242,7 @@ def rehearse(
     if removed:
       report.notes.append(f"rehearsal: removed {len(removed)} cached environment(s) used least "
                           f"recently, keeping {keep} ({rehearse_cache.KEEP_ENV} changes it)")
-  return _fold_pytest(report, outcome, pytest_paths)
+  return _fold_pytest(report, outcome)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,6 +290,7 @@ def _in_cache(job: Job, run: _Run) -> _Outcome:
   outcome, how = in_cache(job, run.then(), lambda env: _run_there(env, job, run))
   env = rehearse_cache.cache_root() / job.plan.key() / rehearse_cache.ENV_DIR
   outcome.where = f"environment {rehearse_cache.shown(env)} ({how})"
+  outcome.disk = f"; the environment: {disk(env)}"
   return outcome
 
 
@@ -289,15 +305,22 @@ def _in_throwaway(job: Job, run: _Run) -> _Outcome:
   return outcome
 
 
-def _fold_pytest(report: Report, outcome: _Outcome, pytest_paths: Sequence[str] | None
-                 ) -> Report:
-  """pytest's outcome in the report's notes, error and exit code."""
-  tested = outcome.tested
-  if tested is not None:
-    meaning = PYTEST_EXITS.get(tested, (2, "an unknown status"))[1]
-    # pytest ran (tested is set) only with pytest_paths given.
-    text = f"{shlex.join(['pytest', *pytest_paths])} exited {tested} ({meaning}), comparing only"  # pyright: ignore[reportOptionalIterable]
+def disk(env: Path) -> str:
+  """``12 MB of its own, 700 MB linked from uv's cache``: an environment's disk."""
+  own, linked = rehearse_cache.disk_use([env])
+  return f"{own / 1e6:.0f} MB of its own" + (
+      f", {linked / 1e6:.0f} MB linked from uv's cache" if linked else "")
+
+
+def _fold_pytest(report: Report, outcome: _Outcome) -> Report:
+  """pytest's outcome in the report's notes, its ``pytest`` field, error and exit code."""
+  tested, result = outcome.tested, outcome.result
+  if tested is not None and result is not None:
+    counts = ", ".join(f"{n} {what}" for what, n in sorted((result["counts"] or {}).items()))
+    text = (f"{result['command']} exited {tested} ({result['meaning']}"
+            f"{'; ' + counts if counts else ''}), comparing only")
     report.notes.append(f"rehearsal: {text}")
+    report.pytest = result
     if outcome.error:
       report.error = outcome.error + (f"; {report.error}" if report.error else "")
     elif report.error:

@@ -29,7 +29,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ MANIFEST_LAYOUT = 1
 
 CACHE_ENV = "NNX_POOL_CACHE"
 KEEP_ENV = "NNX_POOL_REHEARSE_KEEP"  # how many environments the cache keeps
-KEEP_DEFAULT = 3  # about 750 MB each (docs/regression.md)
+KEEP_DEFAULT = 3  # about 750 MB each with pip, a few MB with uv (docs/regression.md)
 ENV_DIR = "env"  # a cache entry's virtual environment
 _USED = "last-used"  # a cache entry's file whose mtime is its last use
 _KEY = re.compile(r"[0-9a-f]{16}\Z")  # a cache entry's name (Plan.key)
@@ -212,6 +212,41 @@ def check_private(path: Path, *, above: bool = False) -> None:
   how = ("rename the cache away and put one there whose environments rehearse would run"
          if above else "put an environment there that rehearse would run")
   raise RehearsalError(f"rehearse: {what} {why}: another user could {how}; {fix}.")
+
+
+def uv_cache_dir() -> Path:
+  """uv's cache, beside the rehearsal cache (``.../nnx-pool/uv``: on its filesystem, so that
+  environments link their files from it), made and checked private as the cache is: anyone
+  who may write there could change the files every environment links to.
+
+  Raises:
+    RehearsalError: it is another user's or writable by others (:func:`check_private`).
+  """
+  path = cache_root().parent / "uv"
+  make_private(path)
+  check_private(path.parent, above=True)
+  check_private(path)
+  return path
+
+
+def disk_use(paths: Iterable[Path]) -> tuple[int, int]:
+  """The bytes of the files under ``paths`` (each file once, links not followed): those no
+  other path shares, and those linked from elsewhere (uv's cache)."""
+  own = linked = 0
+  seen: set[tuple[int, int]] = set()
+  for path in paths:
+    for where, _, names in os.walk(path):
+      for name in names:
+        with contextlib.suppress(OSError):
+          info = os.lstat(os.path.join(where, name))
+          if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) in seen:
+            continue
+          seen.add((info.st_dev, info.st_ino))
+          if info.st_nlink > 1:
+            linked += info.st_size
+          else:
+            own += info.st_size
+  return own, linked
 
 
 def read_manifest(entry: Path) -> dict[str, Any] | None:

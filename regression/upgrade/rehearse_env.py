@@ -1,8 +1,9 @@
-"""The rehearsal environment: built with :mod:`venv` and pip, kept current, and run.
+"""The rehearsal environment: built with uv (else :mod:`venv` and pip), kept current, and run.
 
-:func:`build` creates a virtual environment (the standard library's :mod:`venv`, with
-pip) and installs there the plan (:mod:`nnx_pool.regression.upgrade.rehearse_plan`) and this
-nnx-pool (:mod:`nnx_pool.regression.upgrade.rehearse_source`), under the plan's constraints.
+:func:`build` creates a virtual environment (``uv venv``; else the standard library's
+:mod:`venv`, with pip: :mod:`.installer` chooses) and installs there the plan
+(:mod:`nnx_pool.regression.upgrade.rehearse_plan`) and this nnx-pool
+(:mod:`nnx_pool.regression.upgrade.rehearse_source`), under the plan's constraints.
 :func:`prepare` does the same for a cache entry, or brings the environment it holds up to
 date: reinstalled (``--no-deps``) when this nnx-pool changed, and brought back to this
 environment's pins (``pip install`` again) when one of them moved since it was built
@@ -10,8 +11,8 @@ environment's pins (``pip install`` again) when one of them moved since it was b
 (:mod:`nnx_pool.regression.upgrade.rehearse_cache`), and only while the requirement set resolves
 as it did: the content of each ``file://`` location, and the versions pip chooses for a
 range (:func:`pip_choices`); otherwise it builds the environment again, never running what
-was there. :func:`run_check` and :func:`run_pytest` then run ``check`` and the
-user's tests there.
+was there. :func:`run_check` then runs ``check`` there, and
+:mod:`nnx_pool.regression.upgrade.rehearse_pytest` the user's tests.
 
 **Never this environment.** Every subprocess runs the rehearsal environment's
 interpreter (:func:`interpreter`), with ``PYTHONPATH``, ``PYTHONHOME`` and pip's
@@ -21,14 +22,15 @@ interpreter (:func:`interpreter`), with ``PYTHONPATH``, ``PYTHONHOME`` and pip's
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import venv
@@ -40,9 +42,9 @@ from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 
 from .. import store
-from ..constants import CHECK_ONLY_ENV
 from . import rehearse_cache
-from .pip_messages import pip_failure
+from .installer import Installer, choose, copied_note, pip_config_list, pip_settings, uv_command
+from .pip_messages import pip_failure, uv_failure
 from .rehearse_cache import ENV_DIR, shown
 from .rehearse_plan import (
   SELF,
@@ -56,7 +58,9 @@ from .rehearse_plan import (
 )
 from .rehearse_source import Source, location_digest
 
+_PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", re.M)  # uv pip compile's lines
 _UNSET_ENV = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT")
+PYTEST_RESULT_OPTION = "--pytest-result"  # check's hidden option: that result, for its report
 
 
 class StepProgress(Protocol):
@@ -112,13 +116,28 @@ def subprocess_env(env: Path) -> dict[str, str]:
   return environ
 
 
-def run_pip(env: Path, args: Sequence[str], *, on_line: Callable[[str], None]) -> tuple[int, str]:
-  """Runs the environment's own pip: its exit status and output (each line to ``on_line``)."""
-  command = [str(interpreter(env)), "-m", "pip", *args, "--disable-pip-version-check",
-             "--no-input", "--progress-bar", "off"]
+def run_pip(env: Path, args: Sequence[str], *, on_line: Callable[[str], None],
+            uv: tuple[Path, Path] | None = None) -> tuple[int, str]:
+  """Runs the environment's own pip, or ``uv pip`` for it: its exit status and output (each
+  line to ``on_line``).
+
+  Args:
+    env: the environment.
+    args: pip's arguments (``install -c C -r R``).
+    on_line: told each line of output.
+    uv: ``(uv, its cache)`` to run ``uv pip`` with pip's settings (:mod:`.installer`).
+  """
+  environ = subprocess_env(env)
+  if uv is None:
+    command = [str(interpreter(env)), "-m", "pip", *args, "--disable-pip-version-check",
+               "--no-input", "--progress-bar", "off"]
+  else:
+    command, extra = uv_command(uv[0], interpreter(env), args,
+                                pip_settings(pip_config_list()), uv[1])
+    environ.update(extra)
   lines = []
   with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True, env=subprocess_env(env)) as proc:
+                        stderr=subprocess.STDOUT, text=True, env=environ) as proc:
     for line in proc.stdout or ():
       lines.append(line)
       if line.strip() and not line.startswith("WARNING"):
@@ -156,6 +175,26 @@ class Job:
   scratch: Path
   steps: Steps
   pins: Mapping[str, str]
+  installer: Installer = dataclasses.field(default_factory=choose)
+  notes: list[str] = dataclasses.field(default_factory=list)  # uv copied, not linked
+
+  def run(self, env: Path, args: Sequence[str]) -> tuple[int, str]:
+    """:func:`run_pip` with this job's installer, its lines on the progress line."""
+    uv = None
+    if self.installer.uv is not None:
+      uv = (self.installer.uv, rehearse_cache.uv_cache_dir())
+    code, output = run_pip(env, args, uv=uv, on_line=lambda line: self.steps.show(
+        f"{self.installer.name}: {line}"))
+    note = copied_note(output, uv[1]) if uv is not None else None
+    if note and note not in self.notes:
+      self.notes.append(note)
+    return code, output
+
+  def failure(self, output: str, requirements: Sequence[str]) -> str:
+    """The installer's failure in one line (:mod:`.pip_messages`)."""
+    if self.installer.name == "uv":
+      return uv_failure(output, requirements, self.pins, resolve=self.plan.resolve)
+    return pip_failure(output, requirements, self.pins, resolve=self.plan.resolve)
 
 
 def _install(env: Path, job: Job, what: str) -> str:
@@ -167,24 +206,32 @@ def _install(env: Path, job: Job, what: str) -> str:
   store.write_atomic(requirements, "".join(f"{r}\n" for r in plan.requirements).encode())
   snapshot = job.source.snapshot(plan.extras, job.scratch)  # hashed once, before pip runs
   job.steps.next(what)
-  code, output = run_pip(env, ["install", "-c", str(constraints), "-r", str(requirements),
-                               snapshot.requirement],
-                         on_line=lambda line: job.steps.show(f"pip: {line}"))
+  code, output = job.run(env, ["install", "-c", str(constraints), "-r", str(requirements),
+                               snapshot.requirement])
   if code:
-    raise RehearsalError(pip_failure(output, plan.changes, job.pins, resolve=plan.resolve))
+    raise RehearsalError(job.failure(output, plan.changes))
   return snapshot.digest
 
 
 def build(env: Path, job: Job) -> str:
   """Creates the environment at ``env`` and installs the plan there; returns the digest of the
   nnx-pool installed. Raises RehearsalError."""
-  job.steps.next("creating a virtual environment (python -m venv)")
+  uv = job.installer.uv
+  job.steps.next(f"creating a virtual environment ({'uv venv' if uv else 'python -m venv'})")
   try:
-    venv.EnvBuilder(with_pip=True, symlinks=os.name != "nt").create(env)
+    if uv is not None:
+      subprocess.run([str(uv), "venv", "--quiet", "--python", sys.executable, str(env)],
+                     check=True, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                     env={**subprocess_env(env), "UV_CACHE_DIR": str(
+                         rehearse_cache.uv_cache_dir())})
+    else:
+      venv.EnvBuilder(with_pip=True, symlinks=os.name != "nt").create(env)
   except (OSError, subprocess.CalledProcessError) as e:
-    raise RehearsalError(f"rehearse: could not create a virtual environment with pip in "
-                         f"{shown(env)} ({e}).") from e
-  return _install(env, job, f"installing {' '.join(job.plan.requirements)} and nnx-pool (pip)")
+    why = getattr(e, "stderr", None) or e
+    raise RehearsalError(f"rehearse: could not create a virtual environment with "
+                         f"{job.installer.name} in {shown(env)} ({why}).") from e
+  return _install(env, job, f"installing {' '.join(job.plan.requirements)} and nnx-pool "
+                  f"({job.installer.name})")
 
 
 def _outdated(env: Path, job: Job, manifest: Mapping[str, Any]) -> tuple[list[str], bool]:
@@ -206,20 +253,19 @@ def _update(env: Path, job: Job, moved: Sequence[str], changed: bool, digest: st
   digest of the nnx-pool it holds then (``digest``: the one it held)."""
   if moved:
     digest = _install(env, job, f"updating {', '.join(moved)} to this environment's versions "
-                      "(pip)")
+                      f"({job.installer.name})")
   if not changed:
     return digest
-  job.steps.next("reinstalling nnx-pool, changed since the environment was built (pip --no-deps)")
+  job.steps.next("reinstalling nnx-pool, changed since the environment was built "
+                 f"({job.installer.name} --no-deps)")
   snapshot = job.source.snapshot(job.plan.extras, job.scratch)
-  code, output = run_pip(env, ["install", "--no-deps", "--force-reinstall",
-                               snapshot.requirement],
-                         on_line=lambda line: job.steps.show(f"pip: {line}"))
+  code, output = job.run(env, ["install", "--no-deps", "--force-reinstall", snapshot.requirement])
   if code:
-    raise RehearsalError(pip_failure(output, [SELF], job.pins))
+    raise RehearsalError(job.failure(output, [SELF]))
   return snapshot.digest
 
 
-def _own_requirements(requires: Sequence[str], extras: Sequence[str]) -> list[str]:
+def own_requirements(requires: Sequence[str], extras: Sequence[str]) -> list[str]:
   """nnx-pool's requirements that apply with ``extras``, their markers dropped."""
   lines = []
   for line in requires:
@@ -245,15 +291,22 @@ def pip_choices(env: Path, job: Job, names: Sequence[str]) -> tuple[dict[str, st
   plan, scratch = job.plan, job.scratch
   requirements, constraints = scratch / "resolve-requirements.txt", scratch / "resolve-pins.txt"
   report = scratch / "resolve-report.json"
-  lines = [*plan.requirements, *_own_requirements(job.source.requires, plan.extras)]
+  lines = [*plan.requirements, *own_requirements(job.source.requires, plan.extras)]
   requirements.write_text("".join(f"{r}\n" for r in lines))
   constraints.write_text("".join(f"{c}\n" for c in plan.constraints))
   report.unlink(missing_ok=True)
+  if job.installer.uv is not None:
+    job.steps.next(f"resolving {', '.join(names)} again (uv pip compile)")
+    code, output = job.run(env, ["compile", "--quiet", "--no-header", "--no-annotate", "-c",
+                                 str(constraints), str(requirements)])
+    picks = {normalise(m[1]): m[2] for m in _PINNED.finditer(output)}
+    if code:
+      return {}, job.failure(output, plan.changes).removeprefix("rehearse: ")
+    return {name: picks.get(name) for name in names}, None
   job.steps.next(f"resolving {', '.join(names)} again (pip install --dry-run)")
-  code, output = run_pip(env, ["install", "--dry-run", "--ignore-installed", "--quiet",
+  code, output = job.run(env, ["install", "--dry-run", "--ignore-installed", "--quiet",
                                "--report", str(report), "-c", str(constraints), "-r",
-                               str(requirements)],
-                         on_line=lambda line: job.steps.show(f"pip: {line}"))
+                               str(requirements)])
   try:
     installs = json.loads(report.read_text())["install"] if not code else None
     picks = {normalise(item["metadata"]["name"]): item["metadata"]["version"]
@@ -261,8 +314,7 @@ def pip_choices(env: Path, job: Job, names: Sequence[str]) -> tuple[dict[str, st
   except (OSError, ValueError, KeyError, TypeError):
     installs = None
   if installs is None:
-    return {}, pip_failure(output, plan.changes, job.pins, resolve=plan.resolve).removeprefix(
-        "rehearse: ")
+    return {}, job.failure(output, plan.changes).removeprefix("rehearse: ")
   return {name: picks.get(name) for name in names}, None
 
 
@@ -275,6 +327,9 @@ def _stale_because(entry: Path, job: Job, manifest: Mapping[str, Any] | None,
   if manifest is None or not (env / "pyvenv.cfg").is_file():
     return ("replacing a cached one without a valid manifest" if env.exists() or
             os.path.lexists(env) else None), None
+  built_with = manifest.get("installer", "pip")
+  if built_with != job.installer.name:
+    return f"replacing a cached one built with {built_with}, not {job.installer.name}", None
   resolved = manifest["resolved"]
   if manifest["requirements"] != _requirement_set(job.plan, resolved):
     return "replacing a cached one whose manifest is not this requirement set's", None
@@ -311,6 +366,7 @@ def _commit(entry: Path, job: Job, resolved: Mapping[str, Any], digest: str) -> 
       "resolved": dict(resolved),
       "source": digest,
       "requires": sorted(job.source.requires),
+      "installer": job.installer.name,
       # Pins pip left as they were (nothing the plan installs requires them: the venv's pip).
       "unfollowed": stale_pins(environment_versions(env), job.plan.constraints),
   })
@@ -366,10 +422,16 @@ def prepare(entry: Path, job: Job, then: int) -> str:
 
 
 def run_check(env: Path, baseline: Path, json_path: Path, *, pattern: str | None,
-              dry_run: bool, html: Path | None, scratch: Path) -> int:
-  """Runs ``check`` in the environment; its stdout (the table) is dropped, its stderr shown."""
+              dry_run: bool, html: Path | None, scratch: Path,
+              pytest_result: Path | None = None) -> int:
+  """Runs ``check`` in the environment; its stdout (the table) is dropped, its stderr shown.
+  ``pytest_result``: the user's tests' result
+  (:func:`~nnx_pool.regression.upgrade.rehearse_pytest.read_result`, as JSON), for its report
+  and page."""
   command = [str(interpreter(env)), "-P", "-m", "nnx_pool.regression", "check",
              "--baseline", str(baseline), "--json", str(json_path)]
+  if pytest_result is not None:
+    command += [PYTEST_RESULT_OPTION, str(pytest_result)]
   if pattern is not None:
     command += ["-k", pattern]
   if dry_run:
@@ -388,73 +450,3 @@ def run_info(env: Path, json_path: Path, *, scratch: Path) -> int:
              str(json_path)]
   return subprocess.run(command, cwd=scratch, env=subprocess_env(env), stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL, check=False).returncode
-
-
-# The user's `python -m pytest`, run by `python -c` so that sys.path is the same (their
-# directory first), with a guard: `import nnx_pool` must find the rehearsed nnx-pool, before
-# pytest starts (a nnx_pool/ in their directory) and after it ends (one a conftest found).
-# A foreign one is written to the file named by $NNX_POOL_REHEARSE_FOREIGN, and exits 4.
-PYTEST_MAIN = """\
-import importlib.util, os, sys
-def foreign(origin):
-  # Files, not directories, are compared: a package laid out as links to its files (the
-  # venv `make` builds, tools/link_layout.py) is the same package.
-  found = os.path.realpath(origin) if origin else "nowhere"
-  wanted = os.path.realpath(os.path.join(os.environ["NNX_POOL_REHEARSED"], "__init__.py"))
-  return found != wanted and (os.path.dirname(found) if origin else found)
-def refuse(where):
-  report = os.environ["NNX_POOL_REHEARSE_FOREIGN"]
-  with open(report + ".tmp", "w") as f:
-    f.write(where)
-  os.replace(report + ".tmp", report)
-  sys.exit(4)
-spec = importlib.util.find_spec("nnx_pool")
-if foreign(spec and spec.origin):
-  refuse(foreign(spec and spec.origin))
-import pytest
-code = pytest.main()  # the arguments after -c's code, as `python -m pytest ARGS` reads them
-module = sys.modules.get("nnx_pool")
-if module is not None and foreign(module.__file__):
-  refuse(foreign(module.__file__))
-sys.exit(int(code))
-"""
-
-
-def rehearsed_package(env: Path) -> Path:
-  """The directory ``import nnx_pool`` must find in the rehearsal environment ``env``."""
-  return ([*site_packages(env), env][0]) / "nnx_pool"
-
-
-def run_pytest(env: Path, paths: Sequence[str], *, rehearsed: Path, foreign: Path,
-               check_only: bool = True, output: Path | None = None) -> int:
-  """Runs the user's tests in the environment, in their directory, comparing only by default.
-
-  Args:
-    env: the rehearsal environment.
-    paths: pytest's arguments.
-    rehearsed: the nnx_pool package the tests must import (:func:`rehearsed_package`).
-    foreign: where the guard writes the nnx_pool they found instead, if any.
-    check_only: set :data:`~nnx_pool.regression.constants.CHECK_ONLY_ENV`; False lets the
-      fixture record (``bisect`` records into its own ``--nnx-regression-dir``).
-    output: write pytest's stdout and stderr to this file instead of this process's.
-  """
-  command = [str(interpreter(env)), "-c", PYTEST_MAIN, "-p", "no:cacheprovider", *paths]
-  environ = {**subprocess_env(env), CHECK_ONLY_ENV: "1" if check_only else "0",
-             "NNX_POOL_REHEARSED": str(rehearsed), "NNX_POOL_REHEARSE_FOREIGN": str(foreign)}
-  with contextlib.ExitStack() as stack:
-    sink = None if output is None else stack.enter_context(output.open("w"))
-    return subprocess.run(command, env=environ, stdin=subprocess.DEVNULL, stdout=sink,
-                          stderr=None if sink is None else subprocess.STDOUT,
-                          check=False).returncode
-
-
-def foreign_error(foreign: Path, rehearsed: Path) -> str | None:
-  """The one line refusing a pytest run that imported another nnx_pool; None if it did not."""
-  try:
-    where = foreign.read_text()
-  except FileNotFoundError:
-    return None
-  return (f"rehearse: pytest would import nnx_pool from {where}, not the rehearsed one "
-          f"({shown(rehearsed)}), so its results would not be the rehearsal's; a nnx_pool "
-          f"package in {os.getcwd()} (or a path your conftest adds) comes first. Run rehearse "
-          "--pytest from a directory without one.")

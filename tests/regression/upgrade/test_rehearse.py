@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from nnx_pool.regression.upgrade import (
   rehearse_cache,
   rehearse_env,
   rehearse_plan,
+  rehearse_pytest,
   rehearse_source,
 )
 from nnx_pool.regression.upgrade.rehearse_plan import RehearsalError, Requirement, make_plan
@@ -511,6 +513,11 @@ def test_rehearsal_changes_mark_only_the_versions_the_rehearsal_changed():
       "jax 0.10.2 -> 0.9.2 (rehearsal)",
       "env XLA_FLAGS unset -> --x",
   ]
+  # The shipped baseline (a tree with changes) against this checkout: one line, as check's.
+  old["git"], new["git"] = ({"revision": "fe60abbedbcb09", "dirty": True},
+                            {"revision": "a0bd2bb08ff1aa", "dirty": False})
+  assert rehearse.rehearsal_changes(old, new, here)[-1] == (
+      "git revision fe60abbedbcb (with uncommitted changes) -> a0bd2bb08ff1")
 
 
 @pytest.mark.parametrize(("check", "tested", "code"), [
@@ -524,11 +531,12 @@ def test_combined_exit_is_the_worse_of_check_and_pytest(check, tested, code):
 # ------------------------------------------------- a run through a stand-in venv
 
 FAKE_PYTHON = """#!/bin/sh
-if [ "$1" = "-c" ]; then  # the user's tests (rehearse_env.PYTEST_MAIN)
+if [ "$1" = "-c" ]; then  # the user's tests (rehearse_pytest.PYTEST_MAIN)
   shift 2
   echo "pytest $* (in $(pwd))" >> "$FAKE/log"
   echo "check-only=$NNX_REGRESSION_CHECK_ONLY" >> "$FAKE/log"
   if [ -f "$FAKE/foreign" ]; then cp "$FAKE/foreign" "$NNX_POOL_REHEARSE_FOREIGN"; exit 4; fi
+  [ -f "$FAKE/pytest_result.json" ] && cp "$FAKE/pytest_result.json" "$NNX_POOL_PYTEST_RESULT"
   exit "$(cat "$FAKE/pytest_rc")"
 fi
 echo "$*" >> "$FAKE/log"
@@ -549,6 +557,7 @@ fi
 if [ "$3" = "nnx_pool.regression" ]; then
   while [ $# -gt 0 ]; do
     if [ "$1" = "--json" ]; then cp "$FAKE/report.json" "$2"; fi
+    if [ "$1" = "--pytest-result" ]; then cp "$2" "$FAKE/handed.json"; fi
     shift
   done
   exit "$(cat "$FAKE/check_rc")"
@@ -677,14 +686,21 @@ def _steps(progress: _Progress) -> list[str]:
   return [c[2] for c in progress.calls if c != "clear"]
 
 
+def _error(err: str) -> str:
+  """The one error line at the end of stderr, after the steps' lines (and nothing else)."""
+  *steps, last = err.splitlines()
+  assert err.endswith("\n") and all(line.startswith("rehearse: ") for line in steps), err
+  return last
+
+
 def test_rehearse_an_unsatisfiable_requirement_exits_2_with_one_line(stand_in, capsys):
   stand_in.write("pip_output", PIP_NO_MATCH)
   stand_in.write("pip_rc", "1")
   assert cli.main(["rehearse", "jax==0.0.1"]) == 2
   out, err = capsys.readouterr()
   assert out == ""
-  assert err == ("error: rehearse: pip could not install jax==0.0.1: "
-                 "No matching distribution found for jax==0.0.1\n")
+  assert _error(err) == ("error: rehearse: pip could not install jax==0.0.1: "
+                         "No matching distribution found for jax==0.0.1")
   assert list(_cache().iterdir()) == []  # the half-built environment is gone, nothing cached
   pip_calls = [a for a in stand_in.started if a[1:3] == ["-m", "pip"]]
   assert len(pip_calls) == 1 and pip_calls[0][3] == "install"
@@ -905,9 +921,9 @@ def test_rehearse_stamps_the_nnx_pool_it_copied_not_one_edited_during_the_instal
   monkeypatch.setattr(rehearse, "this_source", lambda: source)
   real_pip = rehearse_env.run_pip
 
-  def edited_during_the_install(env, args, *, on_line):
+  def edited_during_the_install(env, args, **options):
     (checkout / "nnx_pool" / "__init__.py").write_text("# edited while pip ran\n")
-    return real_pip(env, args, on_line=on_line)
+    return real_pip(env, args, **options)
 
   monkeypatch.setattr(rehearse_env, "run_pip", edited_during_the_install)
   rehearse.rehearse(["jax==0.9.2"], baseline="base")
@@ -1004,10 +1020,13 @@ def test_rehearse_pytest_runs_the_users_tests_in_their_directory(stand_in, monke
   log = stand_in.log()
   # `python -c PYTEST_MAIN`, not `python -P -m pytest` (issue 21, item 13): their directory
   # stays first on sys.path, so their own packages import.
-  assert log[-2] == f"pytest -p no:cacheprovider tests/x.py (in {project})"
-  assert log[-1] == "check-only=1"
+  ran = log.index(f"pytest -p no:cacheprovider tests/x.py (in {project})")
+  assert log[ran + 1] == "check-only=1"
+  # Before check, which is handed their result for its report and page.
+  check = next(i for i, line in enumerate(log) if "nnx_pool.regression check" in line)
+  assert ran < check and " --pytest-result " in log[check]
   pytest_run = next(a for a in stand_in.started if a[1] == "-c")
-  assert pytest_run[1:3] == ["-c", rehearse_env.PYTEST_MAIN] and "-P" not in pytest_run
+  assert pytest_run[1:3] == ["-c", rehearse_pytest.PYTEST_MAIN] and "-P" not in pytest_run
   stand_in.write("pytest_rc", "5")
   assert rehearse.rehearse(["jax==0.9.2"], baseline="base",
                            pytest_paths=["tests/x.py"]).exit_code == 2
@@ -1018,6 +1037,7 @@ def test_rehearse_hands_pytest_everything_after_the_double_dash_untouched(stand_
   # Issue 23: `--pytest tests -k logits` made -k the kit's case filter, and pytest ran every
   # test. After `--`, pytest's options reach pytest as written, and the kit's -k stays unset.
   monkeypatch.chdir(tmp_path)
+  (tmp_path / "tests").mkdir()
   stand_in.write("check_rc", "0")
   stand_in.write("report.json", _check_json(0))
   code = cli.main(["rehearse", "jax==0.9.2", "--pytest", "tests", "--", "-k", "logits and not grad",
@@ -1083,20 +1103,36 @@ def test_rehearse_a_pytest_option_before_the_double_dash_exits_2_naming_it(
   assert _StandInBuilder.created == [] and stand_in.started == []
 
 
+def test_rehearse_a_kit_pattern_or_a_test_path_that_selects_nothing_exits_2_before_building(
+    stand_in, capsys, monkeypatch, tmp_path):
+  # Issue 36, items 6 and 8: judged here, in seconds, before pip runs for minutes.
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["rehearse", "jax==0.9.2", "-k", "avg_k2_on3"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: rehearse: -k 'avg_k2_on3' selects none of the ")
+  assert " cases (the nearest: avg_k2_one); a case is selected when its name contains " in err
+  assert cli.main(["rehearse", "jax==0.9.2", "--pytest", "tests"]) == 2
+  assert capsys.readouterr().err == (
+      f"error: rehearse: --pytest tests: there is no tests in {tmp_path}; run it from the "
+      "directory that holds your tests, or name them as pytest would take them there.\n")
+  assert _StandInBuilder.created == [] and stand_in.started == []
+
+
 def test_rehearse_pytest_refuses_a_run_that_imported_another_nnx_pool(stand_in, capsys,
                                                                       monkeypatch, tmp_path):
   monkeypatch.chdir(tmp_path)
+  (tmp_path / "tests").mkdir()
   stand_in.write("check_rc", "0")
   stand_in.write("report.json", _check_json(0))
   stand_in.write("foreign", str(tmp_path / "nnx_pool"))
   assert cli.main(["rehearse", "jax==0.9.2", "--pytest", "tests"]) == 2
   (entry,) = _cache().iterdir()
   rehearsed = next((entry / "env" / "lib").glob("python*/site-packages")) / "nnx_pool"
-  assert capsys.readouterr().err == (
+  assert _error(capsys.readouterr().err) == (
       f"error: rehearse: pytest would import nnx_pool from {tmp_path / 'nnx_pool'}, not the "
       f"rehearsed one ({rehearse_cache.shown(rehearsed)}), so its results would not be the "
       f"rehearsal's; a nnx_pool package in {tmp_path} (or a path your conftest adds) comes "
-      "first. Run rehearse --pytest from a directory without one.\n")
+      "first. Run rehearse --pytest from a directory without one.")
 
 
 def test_rehearse_resolve_reports_what_pip_chose(stand_in, monkeypatch):
@@ -1125,9 +1161,9 @@ def test_rehearse_check_without_a_report_exits_2(stand_in, capsys):
   stand_in.write("report.json", "not json")
   stand_in.write("check_rc", "2")
   assert cli.main(["rehearse", "jax==0.9.2"]) == 2
-  assert capsys.readouterr().err == (
+  assert _error(capsys.readouterr().err) == (
       "error: rehearse: check in the rehearsal environment exited 2 without a readable report; "
-      "its messages above say why.\n")
+      "its messages above say why.")
 
 
 def test_rehearse_cli_prints_the_report_and_its_json(stand_in, capsys, tmp_path):
@@ -1151,6 +1187,72 @@ def test_rehearse_cli_prints_the_report_and_its_json(stand_in, capsys, tmp_path)
   assert (data["exit_code"], data["counts"], data["stamp_changes"]) == (
       1, {"FAIL": 1, "PASS": 1}, [REHEARSED_JAX])
   assert data["rows"][1]["max_rel"] == "inf"  # written back as JSON holds it
+
+
+def test_rehearse_prints_each_steps_line_with_its_time_where_stderr_is_no_terminal(
+    stand_in, capsys, monkeypatch, tmp_path):
+  # Issue 36, item 13: with its output in a file, rehearse printed nothing for minutes.
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "tests").mkdir()
+  stand_in.write("pip_output", "Collecting jax==0.9.2\nInstalling collected packages: jax\n")
+  assert cli.main(["rehearse", "jax==0.9.2", "--pytest", "tests"]) == 1
+  err = capsys.readouterr().err
+  assert "\r" not in err  # stderr is no terminal here: lines, no progress line
+  shown = [re.sub(r", \d+ s: ", ", T: ", line) for line in err.splitlines()]
+  # Four steps: the environment created, pip, the user's tests, then check (handed their
+  # result); pip's own lines go to the progress line of a terminal only.
+  assert shown[:4] == [
+      "rehearse: step 1/4, T: creating a virtual environment (python -m venv)",
+      "rehearse: step 2/4, T: installing jax==0.9.2 jaxlib==0.9.2 pytest and nnx-pool (pip)",
+      "rehearse: step 3/4, T: running pytest tests",
+      "rehearse: step 4/4, T: running check",
+  ]
+  assert len(shown) == 5 and re.fullmatch(r"rehearse: finished in \d+ s", shown[4])
+
+
+def test_rehearse_puts_the_users_tests_result_in_its_json_and_hands_it_to_check(
+    stand_in, capsys, monkeypatch, tmp_path):
+  # Issue 36, item 13: the report held pytest's exit status alone, and the page nothing of it.
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "tests").mkdir()
+  stand_in.write("check_rc", "0")
+  stand_in.write("report.json", _check_json(0))
+  stand_in.write("pytest_rc", "1")
+  stand_in.write("pytest_result.json", json.dumps(
+      {"exit_status": 1, "counts": {"failed": 1, "passed": 2},
+       "failed": ["tests/test_a.py::test_x"]}))
+  out = tmp_path / "r.json"
+  assert cli.main(["rehearse", "jax==0.9.2", "--json", str(out), "--pytest", "tests", "--",
+                   "-k", "x or y"]) == 1
+  expected = {"command": "pytest tests -k 'x or y'", "exit_status": 1, "meaning": "tests failed",
+              "counts": {"failed": 1, "passed": 2}, "failed": ["tests/test_a.py::test_x"]}
+  assert json.loads(out.read_text())["pytest"] == expected
+  assert json.loads((stand_in.dir / "handed.json").read_text()) == expected  # check's page
+  assert ("note: rehearsal: pytest tests -k 'x or y' exited 1 (tests failed; 1 failed, 2 "
+          "passed), comparing only") in capsys.readouterr().out
+
+
+def test_rehearse_pytest_main_writes_what_the_tests_found(monkeypatch, tmp_path):
+  env = _borrowing_venv(tmp_path / "env")
+  project = _project(tmp_path / "project")
+  (project / "tests" / "test_more.py").write_text(
+      "import pytest\n\n\ndef test_fails():\n  assert 1 == 2\n\n\n"
+      "@pytest.mark.skip(reason='not here')\ndef test_skipped():\n  pass\n\n\n"
+      "@pytest.fixture\ndef broken():\n  raise RuntimeError\n\n\n"
+      "def test_errors(broken):\n  pass\n")
+  monkeypatch.chdir(project)
+  monkeypatch.setenv("PYTEST_ADDOPTS", "-q")
+  monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+  result = tmp_path / "result.json"
+  code = rehearse_pytest.run_pytest(env, ["tests"], rehearsed=Path(nnx_pool.__file__).parent,
+                                    foreign=tmp_path / "foreign.txt", result=result)
+  assert code == 1
+  # tests/test_mine.py passes; of test_more.py's three, one fails, one is skipped and one
+  # errors in its fixture's setup.
+  assert rehearse_pytest.read_result(result, ["tests"], code, "tests failed") == {
+      "command": "pytest tests", "exit_status": 1, "meaning": "tests failed",
+      "counts": {"error": 1, "failed": 1, "passed": 1, "skipped": 1},
+      "failed": ["tests/test_more.py::test_errors", "tests/test_more.py::test_fails"]}
 
 
 @pytest.mark.parametrize("requirement", [
@@ -1196,7 +1298,7 @@ def test_rehearse_pytest_imports_the_users_own_package(monkeypatch, tmp_path):
   foreign = tmp_path / "foreign.txt"
   monkeypatch.setenv("PYTEST_ADDOPTS", "-q")
   monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # sys.path is the point, not plugins
-  code = rehearse_env.run_pytest(env, ["tests"], rehearsed=rehearsed, foreign=foreign)
+  code = rehearse_pytest.run_pytest(env, ["tests"], rehearsed=rehearsed, foreign=foreign)
   assert code == 0 and not foreign.exists()
   # The command it replaced: -P keeps the project off sys.path, and `import mypkg` fails.
   old = subprocess.run([str(rehearse_env.interpreter(env)), "-P", "-m", "pytest", "-p",
@@ -1211,7 +1313,7 @@ def test_rehearse_pytest_guard_refuses_a_stray_nnx_pool_before_pytest_starts(mon
   project = _project(tmp_path / "project", stray=True)
   monkeypatch.chdir(project)
   foreign = tmp_path / "foreign.txt"
-  code = rehearse_env.run_pytest(env, ["tests"], rehearsed=Path(nnx_pool.__file__).parent,
+  code = rehearse_pytest.run_pytest(env, ["tests"], rehearsed=Path(nnx_pool.__file__).parent,
                           foreign=foreign)
   assert code == 4
   assert foreign.read_text() == str(project / "nnx_pool")
