@@ -1,12 +1,13 @@
-"""What the eager run costs a real model's guard: ``python -m benchmarks.guard_cost``.
+"""What each way of running costs a real model's guard: ``python -m benchmarks.guard_cost``.
 
-The numbers behind docs/regression.md, "Jit only". ``EffNet()`` of ``tests/_effnet.py``
-(4,020,358 parameters, NumPy-initialised) on 2x64x64x3 images, guarded as guide 10 does:
-its eval-mode logits (``check``) and the gradient of a cross-entropy (``check_grad``),
-recorded into a new directory and then rechecked, once with the eager run and once under
-jit only (``eager=False``). Each of the four phases runs in a process of its own (a fresh
-compile cache, as a new pytest session has), ``--rounds`` times in rotation; it prints the
-median and the spread of each phase's wall time.
+The numbers behind docs/regression.md, "Three ways to run". ``EffNet()`` of
+``tests/_effnet.py`` (4,020,358 parameters, NumPy-initialised) on 2x64x64x3 images, guarded
+as guide 10 does: its eval-mode logits (``check``) and the gradient of a cross-entropy
+(``check_grad``), recorded into a new directory and then rechecked, by default (one jitted
+program that also returns the layers' outputs), with the eager run too (``eager=True``) and
+under jit only (``eager=False``). Each of the six phases runs in a process of its own (a
+fresh compile cache, as a new pytest session has), ``--rounds`` times in rotation; it prints
+the median and the spread of each phase's wall time.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ x, labels = e["images"](2, 64), jnp.array([3, 7])
 def loss(model, x, labels, training=False):
   logits = model(x, training=training)
   return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
-eager = sys.argv[3] == "eager"
+eager = {"default": None, "eager": True, "jit": False}[sys.argv[3]]
 t1 = time.perf_counter()
 guard = Guard(sys.argv[2])
 a = guard.check("logits", model, x, training=False, eager=eager).status
@@ -58,7 +59,7 @@ def main() -> None:
   args = parser.parse_args()
   times: dict[str, list[float]] = {}
   for _ in range(args.rounds):
-    for mode in ("eager", "jit"):
+    for mode in ("default", "eager", "jit"):
       with tempfile.TemporaryDirectory() as tmp:
         times.setdefault(f"record, {mode}", []).append(_phase(Path(tmp), mode, "written"))
         times.setdefault(f"recheck, {mode}", []).append(_phase(Path(tmp), mode, "passed"))

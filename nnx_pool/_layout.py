@@ -41,6 +41,16 @@ def as_array(x, name: str = "inputs") -> jax.Array:
     ) from error
 
 
+def concrete_values(x: jax.Array, dtype=None) -> np.ndarray | None:
+  """``x``'s values on this host, for an eager check of them; None where it has none to read:
+  a tracer (under ``jax.jit``), or an array that spans processes (each process holds only
+  its shards, and a check of those would differ between processes)."""
+  tracer = jax.core.Tracer  # pyright: ignore[reportAttributeAccessIssue]
+  if isinstance(x, tracer) or not getattr(x, "is_fully_addressable", True):
+    return None
+  return np.asarray(x, dtype)
+
+
 def check_dtype(x: jax.Array, kind: DtypeKind, module: str, name: str = "inputs") -> None:
   """Refuses dtypes an operation has no meaning for.
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ._layout import as_array
+from ._layout import as_array, concrete_values
 
 # The nnx.Rngs stream that the module draws its samples from.
 RNG_STREAM = "dropout"
@@ -58,10 +58,10 @@ def samples_from(samples, key, x_dtype, batch: tuple[int, ...], channels: int, n
 
 
 def _check_sample_range(samples: jax.Array, name: str) -> None:
-  """Refuses concrete samples outside ``[0, 1)`` or NaN; traced ones (under jit) pass unseen."""
-  try:
-    values = np.asarray(samples, np.float64)
-  except jax.errors.TracerArrayConversionError:
+  """Refuses concrete samples outside ``[0, 1)`` or NaN; traced ones (under jit) and ones
+  that span processes pass unseen."""
+  values = concrete_values(samples, np.float64)
+  if values is None:
     return
   outside = values[~((values >= 0) & (values < 1))]  # NaN compares false: outside too
   if outside.size:

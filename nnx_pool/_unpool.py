@@ -14,13 +14,19 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from ._args import check_choice, flax_names
 from ._geometry import Window, effective_window
 from ._jit import kernel
-from ._layout import as_array, check_in_features, check_plane_indexable, prepare, unbatch
+from ._layout import (
+  as_array,
+  check_in_features,
+  check_plane_indexable,
+  concrete_values,
+  prepare,
+  unbatch,
+)
 from ._spatial_args import IntLike, PaddingLike, SizeLike, as_tuple
 
 
@@ -96,10 +102,7 @@ def _max_unpool(inputs, indices, window: Window, output_size, gradient: str, in_
   indices = indices.reshape(x.shape)
   size = _output_size(window, tuple(x.shape[1:-1]), output_size)
   plane = math.prod(size)
-  try:
-    concrete = np.asarray(indices)
-  except jax.errors.TracerArrayConversionError:  # inside jit: out-of-range indices drop
-    concrete = None
+  concrete = concrete_values(indices)  # None under jit, or across processes: out-of-range drop
   if concrete is not None and concrete.size:
     low, high = int(concrete.min()), int(concrete.max())
     if low < 0 or high >= plane:

@@ -24,11 +24,18 @@ The rooms (folders) of the kit, and the modules at the top:
 * ``report/``: what a command found: its data and JSON, the terminal table, the HTML page;
 * ``batch/``: the kit's own cases, their inputs and runner, and record, check and diff;
 * ``fixture/``: the fixture's numeric side: running a check, its files and weight sets,
-  the comparison and its headline, and ``model_state/`` (schema, modes, weights, layers);
-* ``upgrade/``: other versions: rehearse's plan, environments, cache and source, pip's
-  messages, and bisect's plan, steps and walk;
+  the tolerance policy, the comparison and its headline, the exported program and the
+  attribution of a failure to the program or the compiler, and ``model_state/`` (schema,
+  modes, weights, layers);
+* ``upgrade/``: other versions: rehearse's plan, environments, cache and source, the
+  installer (uv, or pip) and the installers' messages, and bisect's plan, steps and walk,
+  by release and by date;
 * ``cli/``: the command line: parser, dispatch, outputs, progress line, the upgrade
-  commands, ``--devices``;
+  commands, ``--devices``, ``launch``;
+* ``processes/``: a model whose arrays span processes (``jax.distributed``): the launcher
+  of N local processes and the variables it sets, the initializer that reads them, the
+  agreement of the processes at each check, the guard's and the batch's checks across
+  processes;
 * at the top: the doors users name (``pytest_plugin``, ``guard``, ``commands``, the
   ``tolerance`` policy's public path), the pipeline the batch and the fixture share
   (``runner``), the environment stamp (``stamp``) and the names every room shares
@@ -38,7 +45,8 @@ Where coming work lands: weight renames and reshapes, and per-layer scales, in
 ``fixture/model_state/`` (``weights``, ``renames``, ``first_moved``); other installers (uv)
 beside pip in ``upgrade/`` (``rehearse_env``, ``pip_messages``) and bisection by date in
 ``upgrade/bisect_plan``; exported programs and program-or-compiler attribution as a room of
-their own beside ``fixture/``; a launcher of several processes beside ``cli/devices``.
+their own beside ``fixture/``; other ways to start processes (one GPU per local process)
+in ``processes/launcher``.
 """
 
 from .constants import FORMAT_VERSION as FORMAT_VERSION

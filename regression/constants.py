@@ -20,6 +20,9 @@ BATCH_AXIS = "batch"
 # baseline. `rehearse --pytest` sets it for the user's tests.
 CHECK_ONLY_ENV = "NNX_REGRESSION_CHECK_ONLY"
 
+# How the note of a partial `record -k` begins, in its report and its baseline's manifest.
+PARTIAL_NOTE = "record -k"
+
 # What a batch case's name and a fixture baseline's name may hold: letters, digits, `_.-`.
 NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 

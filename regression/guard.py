@@ -13,7 +13,9 @@ The first call of a name records its baseline and returns an :class:`Outcome` sa
 raise :class:`RegressionFailure`, whose message is the report, when anything moved. The
 pytest fixture (:mod:`nnx_pool.regression.pytest_plugin`) is this class with a path per
 test module and pytest's options. The numeric work is in the fixture's room,
-:mod:`nnx_pool.regression.fixture`.
+:mod:`nnx_pool.regression.fixture`. Where JAX runs several processes (``jax.distributed``),
+every process calls the same checks on the same global arrays, and only process 0 reads
+and writes (:mod:`nnx_pool.regression.processes.across`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from .constants import CHECK_ONLY_ENV, NAME, WEIGHTS_DIR, baseline_name_problem
 from .fixture import comparison, files, running
 from .fixture.recording import Recording
 from .fixture.weight_sets import load_weight_set
+from .processes.arrays import layout_line
+from .processes.group import current as processes_group
 from .report import Report, render
 from .stamp import collect_stamp
 from .store import BaselineError
@@ -62,6 +66,19 @@ class Outcome:
   obtained: Path | None = None
 
 
+@dataclasses.dataclass
+class Plan:
+  """What a check does with its baseline: ``path``; whether it ``exists``; whether to
+  ``compare`` with it (else write it); the baseline read (``base``) and its stored
+  ``weights`` (``store_params``), when comparing."""
+
+  path: Path
+  exists: bool
+  compare: bool
+  base: Any = None
+  weights: Any = None
+
+
 class RegressionFailure(AssertionError):
   """A check failed; ``outcome`` says how (its message is this exception's)."""
 
@@ -72,21 +89,23 @@ class RegressionFailure(AssertionError):
 
 class RegressionNote(UserWarning):
   """What a check wants its user to know without failing: a passing refactor that renamed
-  the model's variables, an array recorded with a floored tolerance."""
+  the model's variables, stored weights that a fresh initialisation no longer gives, an
+  array recorded with a floored tolerance."""
 
 
 def _validate(name: Any, rtol: Any, atol: Any, allow_nonfinite: Any, store_params: Any,
-              eager: Any = True, rename: Any = None) -> None:
+              eager: Any = None, rename: Any = None) -> None:
   if not isinstance(name, str) or not NAME.match(name):
     raise ValueError(f"`name` must be letters, digits and _.- only; got {name!r}.")
   for bound, label in ((rtol, "rtol"), (atol, "atol")):
     if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
                                   and bound >= 0):
       raise ValueError(f"`{label}` must be a non-negative number or None; got {bound!r}.")
-  for flag, label in ((allow_nonfinite, "allow_nonfinite"), (store_params, "store_params"),
-                      (eager, "eager")):
+  for flag, label in ((allow_nonfinite, "allow_nonfinite"), (store_params, "store_params")):
     if not isinstance(flag, bool):
       raise TypeError(f"`{label}` must be a bool; got {flag!r}.")
+  if eager is not None and not isinstance(eager, bool):
+    raise TypeError(f"`eager` must be None (the default), True or False; got {eager!r}.")
   if rename is not None and not callable(rename) and not (
       isinstance(rename, Mapping) and all(isinstance(k, str) and isinstance(v, str) and k and v
                                           for k, v in rename.items())):
@@ -172,9 +191,9 @@ class Guard:
 
   def check(self, name: str, module_or_fn: Any, *inputs: Any, rtol: float | None = None,
             atol: float | None = None, allow_nonfinite: bool = False,
-            store_params: bool = False, eager: bool = True, rename: Any = None,
+            store_params: bool = False, eager: bool | None = None, rename: Any = None,
             call_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> Outcome:
-    """Compares ``module_or_fn(*inputs, **kwargs)``, jit and eager, with the baseline ``name``.
+    """Compares ``module_or_fn(*inputs, **kwargs)`` under ``jax.jit`` with the baseline ``name``.
 
     Args:
       name: the baseline's name (letters, digits and ``_.-``).
@@ -187,11 +206,12 @@ class Guard:
         every baseline that stores the same) and load them into it before it runs, so that
         a changed initialisation cannot move an output; by default only their fingerprint
         is stored.
-      eager: also run the call eagerly, comparing its result too and recording every
-        submodule's output, which names the first layer that moved (default). False runs
-        it under ``jax.jit`` only: much faster on a large model, but a failure cannot say
-        which layer moved first (only shapes, modes and configurations are compared), and
-        jit and eager are not compared.
+      eager: None (the default): one jitted program, which returns every submodule's
+        output beside the result; their fingerprints name the first layer that moved.
+        True: also run the call eagerly (every operation compiled one by one: slow on a
+        large model) and compare that result with the baseline too, so jit and eager must
+        agree. False: jit only, without the submodules' outputs: a failure cannot say
+        which layer moved first (only shapes, modes and configurations are compared).
       rename: with ``store_params``, the new names of the stored weights' paths, for a
         model whose variables were renamed: a mapping of path parts
         (``{"se.conv_reduce": "se.fc1"}``) or a function of a dotted path.
@@ -230,21 +250,21 @@ class Guard:
 
   def check_grad(self, name: str, loss_fn: Callable[..., Any], model: nnx.Module, *inputs: Any,
                  wrt: Any = nnx.Param, rtol: float | None = None, atol: float | None = None,
-                 allow_nonfinite: bool = False, store_params: bool = False, eager: bool = True,
-                 rename: Any = None, call_kwargs: Mapping[str, Any] | None = None,
-                 **kwargs: Any) -> Outcome:
+                 allow_nonfinite: bool = False, store_params: bool = False,
+                 eager: bool | None = None, rename: Any = None,
+                 call_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> Outcome:
     """Compares ``loss_fn(model, *inputs, **kwargs)`` and its gradient with the baseline ``name``.
 
     The gradient is the one ``nnx.grad(loss_fn, argnums=nnx.DiffState(0, wrt))`` gives,
     with respect to the variables of ``model`` that ``wrt`` selects; both are run under
-    ``jax.jit`` and eagerly and compared under the ``gradient`` tolerances
-    (:mod:`nnx_pool.regression.tolerance`). BatchNorm statistics, Dropout's RNG state and
+    ``jax.jit`` (and eagerly with ``eager=True``) and compared under the ``gradient``
+    tolerances (:mod:`nnx_pool.regression.tolerance`). BatchNorm statistics, Dropout's RNG state and
     any other state of the model may be there, in train or eval mode.
 
     Args:
       name, rtol, atol, allow_nonfinite, store_params, eager, rename, call_kwargs: as for
-        :meth:`check` (``eager=False`` skips the eager gradient, which compiles every
-        operation of the backward pass one by one: most of the cost on a large model).
+        :meth:`check` (``eager=True`` also takes the gradient eagerly, which compiles
+        every operation of the backward pass one by one: slow on a large model).
       loss_fn: ``loss_fn(model, *inputs, **kwargs)``, returning a floating scalar.
       model: the ``nnx.Module`` to differentiate.
       *inputs: the arrays to call ``loss_fn`` with after the model.
@@ -281,6 +301,18 @@ class Guard:
     if self.directory.name.lower() == WEIGHTS_DIR:
       raise ValueError(f"`directory` {self.directory} is named {WEIGHTS_DIR!r}, where the "
                        "stored weight sets of the baselines beside it lie; choose another.")
+    group = processes_group()
+    if group is not None:  # several processes: process 0 reads, writes and decides
+      from .processes.across import run_across
+
+      return run_across(self, group, name, allow_nonfinite, store_params, execute)
+    plan = self._plan(name, store_params)
+    return self._finish(name, plan, self._execute(name, plan, execute), allow_nonfinite,
+                        store_params)
+
+  def _plan(self, name: str, store_params: bool) -> Plan:
+    """What a check will do with its baseline (compare or write), read before it runs."""
+    __tracebackhide__ = True
     path = self.path_for(name)
     if self.check_only and self.update:
       raise self._refuse(path, f"update=True writes baselines, and check_only ({CHECK_ONLY_ENV})"
@@ -290,37 +322,49 @@ class Guard:
       raise self._refuse(path, (
           f"no baseline for {name!r} at {path}, and none was written ({CHECK_ONLY_ENV} is set: "
           "compare only). Record it in your own environment: run the test once without it."))
-    compare = exists and not self.update
-    base, weights = None, None
-    if compare:
+    plan = Plan(path, exists, exists and not self.update)
+    if plan.compare:
       try:
-        base = files.load(path)
-        if store_params and base.manifest.get("weights_set"):
-          base_weights = load_weight_set(path, base.manifest)
-          weights = base_weights[1]
+        plan.base = files.load(path)
+        if store_params and plan.base.manifest.get("weights_set"):
+          plan.weights = load_weight_set(path, plan.base.manifest)[1]
       except BaselineError as e:
         raise self._refuse(path, str(e)) from None
+    return plan
+
+  def _execute(self, name: str, plan: Plan, execute: Callable[[Any], Recording]) -> Recording:
+    __tracebackhide__ = True
     try:
-      rec = execute(weights)
+      return execute(plan.weights)
     except running.UnstorableLeaf as e:
-      raise self._refuse(path, f"{name!r} was not compared or written: {e}") from None
+      raise self._refuse(plan.path, f"{name!r} was not compared or written: {e}") from None
     except ValueError as e:
-      if weights is None or "stored weight" not in str(e):
+      if plan.weights is None or "stored weight" not in str(e):
         raise
-      raise self._refuse(path, f"{name!r}: {e}") from None
-    if compare:
-      return self._compare(name, path, base, rec, store_params)
+      raise self._refuse(plan.path, f"{name!r}: {e}") from None
+
+  def _stamp_of(self, rec: Recording) -> dict[str, Any]:
+    """The stamp of a run: this environment's, and how its inputs lay."""
+    return {**self.stamp, "layout": rec.layout} if rec.layout else self.stamp
+
+  def _finish(self, name: str, plan: Plan, rec: Recording, allow_nonfinite: bool,
+              store_params: bool) -> Outcome:
+    """Compares the run with the baseline, or writes it: the outcome."""
+    __tracebackhide__ = True
+    path = plan.path
+    if plan.compare:
+      return self._compare(name, path, plan.base, rec, store_params)
     nonfinite = None if allow_nonfinite else running.nonfinite_outputs(rec)
     if nonfinite:
       raise self._refuse(path, (
           f"{name!r} was not recorded: its outputs are not all finite ({nonfinite}). Fix the "
           "model, or pass allow_nonfinite=True if they should be."))
     try:
-      written = files.write(path, rec, self.stamp, nodeid=self.test, name=name)
+      written = files.write(path, rec, self._stamp_of(rec), nodeid=self.test, name=name)
     except OSError as e:  # a read-only tree, a full disk, a directory holding other files
       raise self._refuse(path, f"{name!r} was not recorded: could not write {path} "
                          f"({e.strerror or e}); nothing was replaced.") from None
-    if exists:
+    if plan.exists:
       return Outcome("updated", path, f"nnx_regression: updated {name!r} at {path} "
                      f"({written.describe()}).", written=written)
     return Outcome("written", path, (
@@ -332,17 +376,20 @@ class Guard:
     __tracebackhide__ = True
     if rec.fresh is not None:
       rec.weights_set = base.manifest.get("weights_set")
-    report = comparison.compare(base, rec, self.stamp, name=name)
+    report = comparison.compare(base, rec, self._stamp_of(rec), name=name)
     if store_params and not base.manifest.get("weights_set"):
       report.notes.append("store_params=True, but the baseline holds no weights (recorded "
                           "without it): the model ran on its own; pass --nnx-regression-update "
                           "to store them")
     if report.exit_code == 0:
+      moved = layout_line(base.manifest.get("stamp", {}).get("layout"), rec.layout)
+      report.headline += [moved] if moved else []
       if not self.check_only:  # check-only mode writes and removes nothing in the tree
         files.remove_obtained(path)
       return Outcome("passed", path, report=report)
     obtained = self._keep_obtained(name, path, rec, report)
-    message = (f"nnx_regression: {name!r} differs from its baseline {path}\n"
+    cause = f": {report.cause}" if report.cause else ""
+    message = (f"nnx_regression: {name!r} differs from its baseline {path}{cause}\n"
                f"{render(report, limit=MAX_ROWS)}")
     raise RegressionFailure(Outcome("failed", path, message, report, obtained=obtained))
 
@@ -353,7 +400,7 @@ class Guard:
     goes to a temporary directory, never beside the baseline."""
     where = None if self.check_only else files.obtained_path(path)
     try:
-      obtained = files.write_obtained(path, rec, self.stamp, nodeid=self.test, name=name,
+      obtained = files.write_obtained(path, rec, self._stamp_of(rec), nodeid=self.test, name=name,
                                       check_only=self.check_only)
     except OSError as e:  # a read-only tree, a full disk: the report matters more
       report.notes.append(

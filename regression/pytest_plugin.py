@@ -9,7 +9,8 @@ A test hands the fixture a name, an NNX module or a function, and inputs::
 The first run writes a baseline to ``<test dir>/_regression/<test module>/<name>/``
 (the same stamped manifest + ``.npz`` format as ``python -m nnx_pool.regression``) and
 fails, saying so. Later runs compile the call, warm it up, run it under
-``jax.jit`` and eagerly, and compare both with the baseline under per-dtype
+``jax.jit`` (one program that also returns every submodule's output, to name the first
+layer that moved), and compare it with the baseline under per-dtype
 tolerances (:mod:`nnx_pool.regression.tolerance`, kind ``"model"``; pass ``rtol``/``atol``
 to override), reporting a table and what changed in the environment. The
 module's ``nnx.Param`` weights and the inputs are stored too: if they changed
@@ -21,9 +22,13 @@ the non-finite values are the point.
 Options:
 
 * ``--nnx-regression-update`` rewrites the baselines of the tests that run.
+* ``--nnx-regression-eager`` also runs every check eagerly (``eager=True`` unless a check
+  passes ``eager`` itself), comparing the eager result with the baseline too: jit and eager
+  must agree. It compiles every operation one by one: most of a check's time on a large
+  model.
 * ``--nnx-regression-jit-only`` runs every check under ``jax.jit`` only (``eager=False``
-  unless a check passes ``eager=True``): no eager run, so no first moved layer and no
-  jit/eager comparison, for a fraction of the time on a large model.
+  unless a check passes ``eager`` itself): no submodule's output is returned, so a failure
+  cannot name the first layer that moved.
 * ``NNX_REGRESSION_CHECK_ONLY=1`` in the environment (:data:`CHECK_ONLY_ENV`) forbids
   writing: a missing baseline fails its test and nothing is written, a failing check's
   obtained results go to a temporary directory (the report names it), and
@@ -34,6 +39,10 @@ At the end of a session, the terminal summary lists baselines written or
 updated, and baselines next to the test modules that ran which no test used
 (only for modules that ran in full, and not after ``-x`` stopped the run).
 
+Under ``nnx-pool-regression launch -n N -- pytest`` (its variables set) the plugin starts
+JAX's distributed runtime and refuses pytest-xdist; process 0 writes and lists the
+baselines (:mod:`nnx_pool.regression.processes`). Without them it never starts the runtime.
+
 Register with the ``pytest11`` entry point, or ``-p nnx_pool.regression.pytest_plugin``.
 """
 
@@ -41,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -51,7 +59,7 @@ from typing import Any
 
 import pytest
 
-from .constants import CHECK_ONLY_ENV, OBTAINED_SUFFIX, baseline_name_problem
+from .constants import CHECK_ONLY_ENV, baseline_name_problem
 
 KIND = "pytest"
 DIRNAME = "_regression"
@@ -101,9 +109,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
   )
   group.addoption(
       "--nnx-regression-jit-only", action="store_true", default=False,
-      help="run the nnx_regression checks under jax.jit only, without their eager run "
-           "(much faster on a large model; a failure then cannot name the first layer that "
-           "moved); a check's own eager=True still runs it",
+      help="run the nnx_regression checks under jax.jit only, without the submodules' "
+           "outputs (a failure then cannot name the first layer that moved); a check's own "
+           "eager= still decides",
+  )
+  group.addoption(
+      "--nnx-regression-eager", action="store_true", default=False,
+      help="also run the nnx_regression checks eagerly, comparing jit and eager with the "
+           "baseline (compiles every operation one by one: slow on a large model); a "
+           "check's own eager= still decides",
   )
   group.addoption(
       "--nnx-regression-html", metavar="OUT", default=None,
@@ -123,6 +137,9 @@ def pytest_configure(config: pytest.Config) -> None:
     raise pytest.UsageError(
         f"--nnx-regression-update writes baselines, and {CHECK_ONLY_ENV}="
         f"{os.environ[CHECK_ONLY_ENV]} forbids it; drop one of the two.")
+  if config.getoption("nnx_regression_jit_only") and config.getoption("nnx_regression_eager"):
+    raise pytest.UsageError("--nnx-regression-jit-only and --nnx-regression-eager ask for "
+                            "opposite runs; pass one of the two.")
   state = _SessionState(update=update, check_only=check_only())
   directory = config.getoption("nnx_regression_dir")
   if directory is not None:
@@ -136,6 +153,11 @@ def pytest_configure(config: pytest.Config) -> None:
     problem = _page_problem(page, state.html)
     if problem:
       raise pytest.UsageError(problem)
+  from .processes.initialize import join_problem  # no JAX, unless launched
+
+  problem = join_problem(config.getoption("numprocesses", None), hasattr(config, "workerinput"))
+  if problem:
+    raise pytest.UsageError(problem)
   workerinput = getattr(config, "workerinput", None)
   if workerinput is not None and workerinput.get(_CLAIMS):
     state.claims = Path(workerinput[_CLAIMS])
@@ -248,7 +270,10 @@ class _Tracker:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
   state = session.config.stash[_STATE]
   state.stopped_early = bool(session.shouldfail or session.shouldstop) or exitstatus == 2
-  if state.html is not None and not hasattr(session.config, "workerinput"):
+  from .processes.group import follower, note_exit_status
+
+  note_exit_status(exitstatus)  # what a process out of step ends with
+  if state.html is not None and not hasattr(session.config, "workerinput") and follower() is None:
     state.page = write_page(state.failed_checks, state.html)
 
 
@@ -271,50 +296,28 @@ def write_page(baselines: list[Any], page: Path) -> str:
   return f"HTML report of {failing} failing check(s): {page}"
 
 
-def _baselines_under(root: Path) -> list[Path]:
-  if not root.is_dir():
-    return []
-  return sorted(p for p in root.iterdir()  # ".tmp-*": a writer's, killed mid-write
-                if not p.name.endswith(OBTAINED_SUFFIX) and not p.name.startswith(".")
-                and (p / "manifest.json").is_file())
-
-
-def _recorded_by(baseline: Path) -> str | None:
-  """The test id a baseline's manifest says recorded it (None if unreadable)."""
-  try:
-    test = json.loads((baseline / "manifest.json").read_text()).get("test")
-  except (OSError, ValueError, AttributeError, RecursionError):  # damaged: check says how
-    return None
-  return test if isinstance(test, str) else None
-
-
 def unused_baselines(state: _SessionState, config: pytest.Config | None = None
                      ) -> tuple[list[Path], list[tuple[Path, str]]]:
-  """Baselines next to fully-run test modules that no ``check`` call used.
+  """Baselines next to fully-run test modules that no ``check`` call used, and those not
+  reached (:func:`~nnx_pool.regression.fixture.unused.unused_and_unreached`)."""
+  from .fixture.unused import unused_and_unreached
 
-  Returns:
-    ``(unused, not reached)``: a baseline whose recording test failed, errored or was
-    skipped this session is not reached (its test stopped before its ``check``), not unused,
-    unless that test recorded a baseline of a new name (a renamed check).
-  """
-  unused, unreached = [], []
-  for module in sorted(state.modules - state.partial):
-    root = (module.parent / DIRNAME / module.stem if config is None
-            else baseline_root(config, module))
-    for path in _baselines_under(root):
-      if path.resolve() in state.used:
-        continue
-      test = _recorded_by(path)
-      if test is not None and test in state.not_passed and test not in state.wrote:
-        unreached.append((path, test))
-      else:
-        unused.append(path)
-  return unused, unreached
+  roots = [module.parent / DIRNAME / module.stem if config is None
+           else baseline_root(config, module) for module in sorted(state.modules - state.partial)]
+  return unused_and_unreached(roots, state.used, state.not_passed, state.wrote)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
   state = config.stash.get(_STATE, None)
   if state is None:
+    return
+  from .processes.group import follower
+
+  index = follower()
+  if index is not None:  # process 0 writes, lists and draws; this one only ran the checks
+    terminalreporter.section("nnx_regression")
+    terminalreporter.write_line(f"process {index}: baselines, obtained files and the HTML page "
+                                "are written and listed by process 0")
     return
   lines = []
   if state.written:
@@ -359,10 +362,13 @@ class Regression:
     """The baseline directory of ``name`` for the requesting test module."""
     return baseline_root(self._request.config, Path(self._request.node.path)) / name
 
-  def _eager(self, eager: bool | None) -> bool:
-    """A check's ``eager``: its own, else False under ``--nnx-regression-jit-only``."""
-    if eager is None:
-      return not self._request.config.getoption("nnx_regression_jit_only", False)
+  def _eager(self, eager: bool | None) -> bool | None:
+    """A check's ``eager``: its own, else False under ``--nnx-regression-jit-only``, True
+    under ``--nnx-regression-eager``, else None (the guard's default)."""
+    if eager is None and self._request.config.getoption("nnx_regression_jit_only", False):
+      return False
+    if eager is None and self._request.config.getoption("nnx_regression_eager", False):
+      return True
     return eager
 
   def check(
@@ -371,8 +377,7 @@ class Regression:
       store_params: bool = False, eager: bool | None = None, rename: Any = None,
       call_kwargs: Any = None, **kwargs: Any,
   ) -> None:
-    """Compares ``module_or_fn(*inputs, **kwargs)``, jit and eager, with the stored baseline
-    ``name``.
+    """Compares ``module_or_fn(*inputs, **kwargs)`` with the stored baseline ``name``.
 
     Args:
       name: the baseline's name, unique within the test module (letters,
@@ -387,8 +392,10 @@ class Regression:
       store_params: store the module's weights whole (once per set of weights) and load
         them before running, so a changed initialisation cannot move the outputs (default:
         store a fingerprint of them, which says that the initialisation changed).
-      eager: also run it eagerly, naming the first layer that moved (default: True, or
-        False under ``--nnx-regression-jit-only``).
+      eager: None (the default, unless ``--nnx-regression-jit-only`` or
+        ``--nnx-regression-eager`` says otherwise): one jitted program, which also returns
+        every submodule's output, to name the first layer that moved; True: also run it
+        eagerly, jit and eager both compared; False: jit only, no per-layer values.
       rename: with ``store_params``, the stored weights' new path parts
         (``{"se.conv_reduce": "se.fc1"}``) or a function of a path.
       call_kwargs: call keywords whose names are this method's own options.
@@ -396,7 +403,7 @@ class Regression:
 
     Raises:
       ValueError: ``name`` is malformed or already used in this session.
-      TypeError: an input is not an array, or a flag is not a bool.
+      TypeError: an input is not an array, or a flag is not a bool (``eager``: or None).
     """
     __tracebackhide__ = True
     self._run(name, lambda guard: guard.check(

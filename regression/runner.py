@@ -42,6 +42,8 @@ from flax import nnx
 
 from .compare import Verdict, compare_arrays
 from .compare.tolerance import Tolerance
+from .processes.arrays import to_host
+from .processes.gate import before_collective
 
 Apply = Callable[..., Any]
 
@@ -77,6 +79,8 @@ class Execution:
     copies: how many copies of the stored batch the results hold (sharded runs;
       1 otherwise); see :func:`split_copies`.
     placement: how the input was placed on the mesh (sharded runs), for reports.
+    call: the jitted forward call, ``(apply, args)``, from which the batch exports its program
+      (:mod:`~nnx_pool.regression.batch.programs`); None where none ran.
   """
 
   results: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
@@ -89,16 +93,20 @@ class Execution:
   error: str | None = None
   copies: int = 1
   placement: str = "one device"
+  call: tuple[Apply, tuple] | None = dataclasses.field(default=None, repr=False)
 
 
 def to_numpy(x: Any) -> np.ndarray:
-  """A host NumPy copy of an array (bfloat16 stays bfloat16)."""
+  """A host NumPy copy of an array (bfloat16 stays bfloat16); one that spans processes is
+  gathered whole (:func:`~nnx_pool.regression.processes.arrays.to_host`)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return to_host(x)
   return np.asarray(jax.device_get(x))
 
 
 def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
                    keywords: Sequence[str] = (), *,
-                   observe: Callable[[nnx.Module], AbstractContextManager[Any]] | None = None
+                   observe: Callable[[nnx.Module, tuple], AbstractContextManager[Any]] | None = None
                    ) -> tuple[Apply, Any, Any]:
   """Turns an NNX module or a function into ``apply(params, rest, *inputs)`` and its state.
 
@@ -115,8 +123,9 @@ def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
     keywords: the names of the last ``len(keywords)`` inputs, passed by keyword (arrays
       given as keyword arguments, traced under ``jax.jit``).
     observe: for a module, a context manager factory entered around each call of the merged
-      copy, given that copy (the fixture records the submodules' calls of the jit trace
-      with :func:`~nnx_pool.regression.fixture.model_state.capture`, instead of tracing them again).
+      copy, given that copy and the call's inputs (the fixture records the submodules' calls
+      of the jit trace with :func:`~nnx_pool.regression.fixture.model_state.capture`,
+      instead of tracing them again).
 
   Returns:
     ``(apply, params, rest)``; ``params`` and ``rest`` are ``nnx.State`` objects, or None
@@ -136,7 +145,7 @@ def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
       model = nnx.merge(graphdef, params, rest, copy=True)
       if observe is None:
         return call(model, xs)
-      with observe(model):
+      with observe(model, xs):
         return call(model, xs)
 
     return apply, params, rest
@@ -183,22 +192,27 @@ def with_params(params: Any, arrays: Mapping[str, np.ndarray]) -> Any:
 
 
 def compile_and_time(
-    apply: Apply, args: tuple, *, reps: int = 20, budget_s: float = 0.05
+    apply: Apply, args: tuple, *, reps: int = 20, budget_s: float = 0.05, jitted: bool = False
 ) -> tuple[Any, float, float]:
   """Compiles ``apply`` for ``args`` and times it.
 
   Args:
-    apply: the function to jit.
+    apply: the function to jit (with ``jitted``, already jitted: ``jax.jit``'s result).
     args: its arguments (already on the device).
     reps: the most timed calls after warmup (at least 3 are made).
     budget_s: stop timing once this many seconds were spent.
+
+  Across processes every process runs the program as often (3 timed calls), and the
+  check's gate is passed after compiling, before the first run.
 
   Returns:
     ``(jit result, compile seconds, median steady-state seconds)``.
   """
   start = time.perf_counter()
-  compiled = jax.jit(apply).lower(*args).compile()
+  compiled = (apply if jitted else jax.jit(apply)).lower(*args).compile()  # pyright: ignore[reportFunctionMemberAccess]
   compile_s = time.perf_counter() - start
+  before_collective()
+  several = jax.process_count() > 1
   out = jax.block_until_ready(compiled(*args))
   jax.block_until_ready(compiled(*args))
   times = []
@@ -206,7 +220,7 @@ def compile_and_time(
     start = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - start)
-    if len(times) >= 3 and sum(times) > budget_s:
+    if len(times) >= 3 and (several or sum(times) > budget_s):
       break
   return out, compile_s, statistics.median(times)
 

@@ -1,8 +1,9 @@
 """The environment stamp: everything that can move a number between two runs.
 
-A stamp records package versions, the JAX backend, the JAX configuration that
-changes numerics, every ``JAX_*``/``XLA_*`` environment variable, the date and
-the git revision. :func:`stamp_header` is the one line a report prints for
+A stamp records package versions, the JAX backend (with its device and process counts),
+the JAX configuration that changes numerics, every ``JAX_*``/``XLA_*`` environment
+variable, the date and the git revision; a fixture baseline's also says how the check's
+inputs lay (``layout``). :func:`stamp_header` is the one line a report prints for
 each side before its table; :func:`stamp_changes` lists what differs between
 two stamps in a form a report can print next to the numeric drift
 (``jax 0.9.2 -> 0.10.2``). A value that cannot be known (None: the git revision
@@ -114,6 +115,7 @@ def collect_stamp(git_dir: str | os.PathLike | None = None) -> dict[str, Any]:
       "platform": devices[0].platform,
       "device_kind": devices[0].device_kind,
       "device_count": len(devices),
+      "process_count": jax.process_count(),
       "python_implementation": sys.implementation.name,
       "machine": platform.machine(),
   }
@@ -133,9 +135,14 @@ def collect_stamp(git_dir: str | os.PathLike | None = None) -> dict[str, Any]:
   }
 
 
+# A fixture baseline's stamp also says how the check's inputs lay (``layout``: processes,
+# mesh, each input's split; :func:`nnx_pool.regression.processes.arrays.layout`).
+_SECTIONS = ("versions", "backend", "layout", "config", "env", "git")
+
+
 def _flat(stamp: Mapping[str, Any]) -> dict[str, Any]:
   flat = {}
-  for section in ("versions", "backend", "config", "env", "git"):
+  for section in _SECTIONS:
     values = stamp.get(section) or {}
     if isinstance(values, Mapping):
       for key, value in values.items():
@@ -146,8 +153,8 @@ def _flat(stamp: Mapping[str, Any]) -> dict[str, Any]:
 def _label(section: str, key: str) -> str:
   if section == "env":
     return f"env {key}"
-  if section == "git":
-    return f"git {key}"
+  if section in ("git", "layout"):
+    return f"{section} {key}"
   return key
 
 
@@ -169,11 +176,32 @@ def stamp_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     old: the baseline's stamp.
     new: the current (or second) stamp.
 
+  Where the git revision changed, whether either side's tree had uncommitted changes is said
+  on that line, not as a ``git dirty`` change of its own: the code differs either way (the
+  shipped baseline, recorded from a tree with changes, against a clean clone read ``git dirty
+  True -> False``, as if that moved something).
+
   Returns:
-    Lines like ``jax 0.9.2 -> 0.10.2`` or ``env XLA_FLAGS unset -> --xla_foo``.
+    Lines like ``jax 0.9.2 -> 0.10.2``, ``env XLA_FLAGS unset -> --xla_foo`` or ``git
+    revision fe60abbedbcb (with uncommitted changes) -> 41e1838716d1``.
   """
-  return [f"{label} {before} -> {after}"
-          for label, before, after, changed in stamp_rows(old, new) if changed]
+  return [line for _, line in labelled_changes(old, new)]
+
+
+def labelled_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str]]:
+  """:func:`stamp_changes`, each line beside the label of the value it names (``jax``)."""
+  rows = stamp_rows(old, new)
+  moved = any(changed for label, _, _, changed in rows if label == "git revision")
+  dirty = [(side.get("git") or {}).get("dirty") is True for side in (old, new)]
+  lines = []
+  for label, before, after, changed in rows:
+    if not changed or (moved and label == "git dirty"):
+      continue
+    if moved and label == "git revision":
+      before, after = (f"{value} (with uncommitted changes)" if was else value
+                       for value, was in zip((before, after), dirty, strict=True))
+    lines.append((label, f"{label} {before} -> {after}"))
+  return lines
 
 
 def stamp_rows(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str, str, bool]]:
@@ -194,7 +222,7 @@ def stamp_rows(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str
 
 
 def _order(section: str) -> int:
-  return ("versions", "backend", "config", "env", "git").index(section)
+  return _SECTIONS.index(section)
 
 
 # What a report's header names for each side, in order.
@@ -219,8 +247,10 @@ def stamp_header(stamp: Mapping[str, Any]) -> str:
 def format_stamp(stamp: Mapping[str, Any]) -> str:
   """Renders a stamp as aligned ``key: value`` lines for ``info``."""
   lines = []
-  for section in ("versions", "backend", "config", "env", "git"):
+  for section in _SECTIONS:
     values = stamp.get(section) or {}
+    if section == "layout" and not values:
+      continue  # only a fixture baseline's stamp has one
     lines.append(f"{section}:")
     if not values:
       lines.append("  (none)")

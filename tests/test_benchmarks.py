@@ -1,7 +1,10 @@
 """The benchmark harness: its arithmetic by hand, a smoke run on tiny shapes (no timing
 claims), the model step's three losses, and a guard on XLA's temporaries."""
 
+import contextlib
+import importlib
 import importlib.util
+import io
 import json
 from pathlib import Path
 
@@ -168,9 +171,44 @@ def test_a_step_whose_losses_differ_is_not_reported():
   solo.check_same_loss("step", per_round)
 
 
+def _loaded_builds(config: dict) -> tuple[dict, object]:
+  """``(weights, build)``: the ``ours`` model's seed-0 state as NumPy arrays by path, and a
+  ``build(config, ours)`` that loads them into either model's abstract shell.
+
+  One initialiser program, compiled without XLA's optimisations: 1.6 s instead of 12 s for
+  the benchmark's two optimised ones, the same draws to within a float32 rounding.
+  """
+  widths, classes = config["widths"], config["classes"]
+
+  def init(ours: bool):
+    return nnx.state(model_step.SEResNet(widths, classes, ours=ours, rngs=nnx.Rngs(0)))
+
+  program = jax.jit(lambda: init(True)).lower().compile(
+      compiler_options={"xla_backend_optimization_level": 0})
+  weights = {path: np.asarray(var[...]) for path, var in nnx.to_flat_state(program())}
+
+  def build(_config: dict, ours: bool) -> model_step.SEResNet:
+    model = nnx.eval_shape(
+        lambda: model_step.SEResNet(widths, classes, ours=ours, rngs=nnx.Rngs(0)))
+    # By path, so a variable the drawn state lacks fails here.
+    nnx.update(model, nnx.from_flat_state({
+        path: jax.tree_util.tree_map(lambda _, v=weights[path]: jax.numpy.asarray(v), var)
+        for path, var in nnx.to_flat_state(nnx.state(model))}))
+    return model
+
+  return weights, build
+
+
 @pytest.mark.slow
-def test_model_step_three_ways_has_one_loss():
+def test_model_step_three_ways_has_one_loss(monkeypatch):
   # The same weights and batch: nnx-pool's layers, flax.nnx built-ins, PyTorch (if there).
+  weights, build = _loaded_builds(model_step.QUICK)
+  for ours in (True, False):
+    state = dict(nnx.to_flat_state(nnx.state(build(model_step.QUICK, ours))))
+    assert state.keys() == weights.keys(), ours
+    for path, array in weights.items():
+      np.testing.assert_array_equal(np.asarray(state[path][...]), array, err_msg=str(path))
+  monkeypatch.setattr(model_step, "build", build)
   losses = model_step.losses(model_step.QUICK)
   # A fresh 10-class head starts near chance: -log(1/10) = 2.30.
   assert abs(losses["ours"] - np.log(10)) < 0.2
@@ -178,8 +216,27 @@ def test_model_step_three_ways_has_one_loss():
     assert value == pytest.approx(losses["ours"], rel=1e-5), (name, losses)
 
 
+def _contestant_here(module: str, args) -> dict:
+  """:func:`benchmarks.solo.contestant_process` in this process: the module's ``main``, its
+  JSON line read back."""
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    assert importlib.import_module(module).main(list(args)) == 0
+  return json.loads(printed.getvalue().strip().splitlines()[-1])
+
+
+def test_contestant_process_runs_a_contestant_in_a_fresh_process():
+  # The one launch a row's contestants take, for real: the harness's row test below runs
+  # them in this process (six interpreters starting jax, and torch, took 18 s of its 18).
+  result = solo.contestant_process("benchmarks.contestant", [
+      "GlobalAvgPool", "ours", "forward", "--calls", "2", "--warmup", "0", "--quick"])
+  assert result.keys() >= {"compile_s", "call_ms", "null_ms", "temp_bytes", "floor_ms"}
+  assert result["temp_bytes"] >= 0 and result["call_ms"] > 0
+
+
 @pytest.mark.slow
-def test_solo_harness_runs_one_row_alone(tmp_path, capsys):
+def test_solo_harness_runs_one_row_alone(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(solo, "contestant_process", _contestant_here)
   out = tmp_path / "bench.json"
   assert solo.main(["-k", "GlobalAvgPool", "--rounds", "1", "--calls", "2", "--warmup", "0",
                     "--quick", "--no-model", "--json", str(out)]) == 0

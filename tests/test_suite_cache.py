@@ -7,10 +7,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import conftest
 
-
-def test_next_run_removes_the_cache_of_a_killed_run_and_keeps_a_live_ones():
+def test_next_run_removes_the_cache_of_a_killed_run_and_keeps_a_live_ones(pytestconfig):
+  # The root conftest as pytest loaded it (`import conftest` may find another folder's).
+  conftest = pytestconfig.pluginmanager.get_plugin(str(pytestconfig.rootpath / "conftest.py"))
   done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                         capture_output=True, text=True, check=True)
   dead = int(done.stdout)  # a process that has exited: its cache is stale

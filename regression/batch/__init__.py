@@ -13,7 +13,7 @@ Importing it imports ``nnx_pool`` and JAX (the CLI does so inside ``main``).
 """
 
 from .catalogue import BUILDERS, build_cases, load_batch, public_modules
-from .declare import Batch, Call, Case, ErrorSpec, call, case, matches, select
+from .declare import Batch, Call, Case, ErrorSpec, call, case, matches, select, selects_none
 
 __all__ = ["BUILDERS", "Batch", "Call", "Case", "ErrorSpec", "build_cases", "call", "case",
-           "load_batch", "matches", "public_modules", "select"]
+           "load_batch", "matches", "public_modules", "select", "selects_none"]

@@ -29,7 +29,8 @@ from .baseline import (
   load,
   same_layout,
 )
-from .declare import Case, matches, select
+from .declare import Case, matches, select, selects_none
+from .programs import attribute, lines
 from .runner import UNBATCHED_INPUTS, make_mesh, run_case
 
 
@@ -62,8 +63,9 @@ def check(
     progress: called as ``progress(n, total, name)`` before each selected case runs.
 
   Returns:
-    The report; exit code 2 for an unusable baseline or too few devices, 1
-    for any failing row (0 with ``dry_run``), else 0.
+    The report; exit code 2 for an unusable baseline, too few devices or a ``pattern`` that
+    selects no case (of the batch or the baseline), 1 for any failing row (0 with
+    ``dry_run``), else 0.
   """
   report = Report(command="check", baseline=str(baseline), dry_run=dry_run, notes=list(notes))
   try:
@@ -79,11 +81,17 @@ def check(
       report.exit_code, report.error = 2, str(e)
       return report
   manifest = base.manifest
+  names = {c.name for c in cases}
   report.recorded = recorded_label(manifest)
   report.stamp = collect_stamp()
   report.baseline_stamp = manifest["stamp"]
   report.stamp_changes = stamp_changes(manifest["stamp"], report.stamp)
   entries = manifest["cases"]
+  unselected = selects_none(pattern, [*(c.name for c in cases),
+                                      *(name for name in entries if name not in names)])
+  if unselected:  # a typo would otherwise pass, having compared nothing
+    report.exit_code, report.error = 2, f"check: {unselected}"
+    return report
   selected = select(cases, pattern)
   placements: dict[str, int] = {}
   for n, case in enumerate(selected, 1):
@@ -103,17 +111,19 @@ def check(
       continue
     run = run_case(case, {k: v for k, v in stored.items() if is_input(k)}, reps=reps, mesh=mesh)
     row = _compare_run(case, entry, run, stored)
+    said = attribute(entry, stored, run, row, (manifest["stamp"], report.stamp)
+                     ) if row.status == "FAIL" else None
+    if said is not None:
+      row.details += lines(said)
+      row.attribution = said
     placements[run.placement] = placements.get(run.placement, 0) + 1
     report.rows.append(row)
     timing = entry["timing"]
     report.timings.append(Timing(
         case.name, timing.get("compile_s"), run.compile_s, timing.get("steady_s"), run.steady_s))
-  names = {c.name for c in cases}
   for name in entries:
     if name not in names and matches(name, pattern):
       report.rows.append(Row(name, "GONE", details=["in the baseline but no longer in the batch"]))
-  if pattern and not selected:
-    report.notes.append(f"-k {pattern!r} selected no cases")
   if mesh is not None:
     report.notes.append(
         f"sharded run: mesh axis {BATCH_AXIS!r} over {devices} {_platform(mesh)} devices "
@@ -121,6 +131,12 @@ def check(
     report.notes.extend(f"  {count} case(s): {placement}" for placement, count in sorted(
         placements.items(), key=lambda item: (item[0].startswith("replicated"), -item[1])))
   failing = any(r.status in FAILING for r in report.rows)
+  failed = [r for r in report.rows if r.status in FAILING]
+  if len(failed) == 1 and failed[0].attribution:
+    # The report shows a lone failure's attribution above its table, so not in its details too.
+    report.attribution = failed[0].attribution
+    shown = lines(report.attribution)
+    failed[0].details = [d for d in failed[0].details if d not in shown]
   if failing and dry_run:
     report.notes.append("dry run: the drift above is reported, exit code 0")
   report.exit_code = 1 if failing and not dry_run else 0

@@ -13,6 +13,7 @@ the case's own fields, so a constructor argument never collides with a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -186,6 +187,12 @@ class Batch:
   notes: list[str] = dataclasses.field(default_factory=list)
 
 
+# How -k selects a case, for the commands' help and messages.
+MATCH_RULE = ("a case is selected when its name contains PATTERN, as pytest's -k matches a "
+              "word (-k avg_ also selects global_avg_batch), or matches it as a glob "
+              "(-k 'avg_*': the names that start with avg_)")
+
+
 def select(cases: Sequence[Case], pattern: str | None) -> list[Case]:
   """Keeps the cases whose name contains ``pattern`` or matches it as a glob."""
   if not pattern:
@@ -194,5 +201,23 @@ def select(cases: Sequence[Case], pattern: str | None) -> list[Case]:
 
 
 def matches(name: str, pattern: str | None) -> bool:
-  """Whether ``name`` is selected by ``pattern`` (substring or glob; None selects all)."""
+  """Whether ``name`` is selected by ``pattern`` (substring or glob; None selects all).
+
+  A substring, as pytest's ``-k`` matches a word, so ``avg_`` selects ``global_avg_batch``
+  too; a glob is matched against the whole name, so ``avg_*`` selects only the names that
+  start with ``avg_`` (:data:`MATCH_RULE`).
+  """
   return not pattern or pattern in name or fnmatch.fnmatchcase(name, pattern)
+
+
+def selects_none(pattern: str | None, names: Sequence[str]) -> str | None:
+  """The one line refusing a ``-k`` that selects none of ``names``; None when it selects one.
+
+  The line counts the names, offers the nearest ones where a typo is likely, and states
+  the rule (:data:`MATCH_RULE`).
+  """
+  if not pattern or any(matches(name, pattern) for name in names):
+    return None
+  near = difflib.get_close_matches(pattern, names, n=3, cutoff=0.85)
+  hint = f" (the nearest: {', '.join(near)})" if near else ""
+  return f"-k {pattern!r} selects none of the {len(names)} cases{hint}; {MATCH_RULE}."

@@ -1,4 +1,7 @@
-"""``diff``: compares two recorded batch baselines, with the first one's tolerances."""
+"""``diff``: compares two recorded batch baselines, each result under the tolerance ``check``
+gives it (its case's kind, its role and the first baseline's dtype), computed again: the
+numbers a manifest stores beside it can be edited, and where they are looser, the report
+says so, naming the array."""
 
 from __future__ import annotations
 
@@ -10,15 +13,17 @@ import numpy as np
 
 from .. import store
 from ..compare import compare_arrays
-from ..compare.tolerance import Tolerance
+from ..compare.stored import looser_lines
+from ..compare.tolerance import Tolerance, tolerance_for
 from ..report import FAILING, Report, Row, Timing, recorded_label
+from ..runner import role_of
 from ..stamp import stamp_changes
 from ..store import BaselineError
 from .baseline import add_verdict, case_arrays, declaration_changes, load, same_layout
 
 
 def diff(a: str | os.PathLike, b: str | os.PathLike) -> Report:
-  """Compares two recorded baselines, with the first one's tolerances.
+  """Compares two recorded baselines, each result under the tolerance ``check`` gives it.
 
   Returns:
     The report; exit code 2 if either baseline is unusable, 1 if any case
@@ -44,7 +49,9 @@ def diff(a: str | os.PathLike, b: str | os.PathLike) -> Report:
       continue
     ea, eb = cases_a[name], cases_b[name]
     arrays_a, arrays_b = case_arrays(base_a, name), case_arrays(base_b, name)
-    report.rows.append(_diff_case(name, ea, eb, arrays_a, arrays_b))
+    tolerances = _tolerances(ea, arrays_a)
+    report.notes += looser_lines(ea["results"], tolerances, str(a), prefix=f"{name}:")
+    report.rows.append(_diff_case(name, ea, eb, arrays_a, arrays_b, tolerances))
     report.timings.append(Timing(
         name, ea["timing"].get("compile_s"), eb["timing"].get("compile_s"),
         ea["timing"].get("steady_s"), eb["timing"].get("steady_s")))
@@ -52,14 +59,29 @@ def diff(a: str | os.PathLike, b: str | os.PathLike) -> Report:
   return report
 
 
+def _tolerances(entry: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+                ) -> dict[str, Tolerance]:
+  """The tolerance of each of a case's results, as ``check`` computes it; where the case's
+  kind is not one the kit knows (a baseline from another version), the stored one."""
+  kind = entry["declaration"].get("tolerance_kind")
+  out = {}
+  for key, stored in entry["results"].items():
+    try:
+      out[key] = tolerance_for(kind, role_of(key), arrays[key].dtype)
+    except (KeyError, ValueError):
+      out[key] = Tolerance.from_json(stored)
+  return out
+
+
 def _diff_case(
     name: str, ea: Mapping[str, Any], eb: Mapping[str, Any],
     arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray],
+    tolerances: Mapping[str, Tolerance],
 ) -> Row:
   changed = declaration_changes(ea["declaration"], eb["declaration"])
   raises = ea["declaration"].get("raises")
   if changed:
-    return _diff_stale(name, changed, ea, eb, arrays_a, arrays_b)
+    return _diff_stale(name, changed, ea, eb, arrays_a, arrays_b, tolerances)
   if raises:
     label = f"raises {raises['type']}"
     same = (ea["raises"] or {}).get("type") == (eb["raises"] or {}).get("type")
@@ -69,8 +91,8 @@ def _diff_case(
   if inputs_differ:
     detail = f"inputs differ ({', '.join(inputs_differ)}): not comparable"
     return Row(name, "FAIL", details=[detail])
-  row = Row(name, "PASS", 0.0, 0.0, _tolerance_label(ea))
-  if _diff_into(row, ea, eb, arrays_a, arrays_b):
+  row = Row(name, "PASS", 0.0, 0.0, _tolerance_label(tolerances))
+  if _diff_into(row, ea, eb, arrays_a, arrays_b, tolerances):
     row.status = "FAIL"
   return row
 
@@ -85,14 +107,14 @@ def _inputs_differ(ea: Mapping[str, Any], eb: Mapping[str, Any],
   ]
 
 
-def _tolerance_label(entry: Mapping[str, Any]) -> str:
-  out_tol = entry["results"].get("output")
-  return Tolerance.from_json(out_tol).describe() if out_tol else "-"
+def _tolerance_label(tolerances: Mapping[str, Tolerance]) -> str:
+  return tolerances["output"].describe() if "output" in tolerances else "-"
 
 
 def _diff_stale(
     name: str, changed: list[str], ea: Mapping[str, Any], eb: Mapping[str, Any],
     arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray],
+    tolerances: Mapping[str, Tolerance],
 ) -> Row:
   """A STALE row of ``diff``: the declaration changes, then how far B's results are from A's
   where both were computed from the same inputs (as :func:`_stale_row` for ``check``)."""
@@ -106,17 +128,19 @@ def _diff_stale(
   if differ:
     row.details.append(f"no numbers: inputs differ ({', '.join(differ)})")
     return row
-  row.tolerance = _tolerance_label(ea)
-  if not _diff_into(row, ea, eb, arrays_a, arrays_b, stale=True):
+  row.tolerance = _tolerance_label(tolerances)
+  if not _diff_into(row, ea, eb, arrays_a, arrays_b, tolerances, stale=True):
     row.details.append("every result of B is within its tolerance of A's")
   return row
 
 
 def _diff_into(
     row: Row, ea: Mapping[str, Any], eb: Mapping[str, Any],
-    arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray], *, stale: bool = False,
+    arrays_a: Mapping[str, np.ndarray], arrays_b: Mapping[str, np.ndarray],
+    tolerances: Mapping[str, Tolerance], *, stale: bool = False,
 ) -> bool:
-  """Compares B's results with A's under A's tolerances, into ``row`` (see :func:`_compare_into`).
+  """Compares B's results with A's under ``tolerances``, into ``row`` (see
+  :func:`_compare_into`).
 
   Returns:
     Whether anything differs (a detail was added).
@@ -126,7 +150,7 @@ def _diff_into(
     if key not in ea["results"] or key not in eb["results"]:
       row.details.append(f"{key}: present in only one baseline")
       continue
-    tol = Tolerance.from_json(ea["results"][key])
+    tol = tolerances[key]
     verdict = compare_arrays(arrays_b[key], arrays_a[key], tol)
     if stale and not same_layout(arrays_b[key], arrays_a[key]):
       row.details.append(f"{key}: {verdict.message}; no numbers for it")

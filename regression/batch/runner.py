@@ -27,6 +27,7 @@ import numpy as np
 
 from ..compare.tolerance import is_float, tolerance_for
 from ..constants import BATCH_AXIS
+from ..processes.batch import ProcessesError, case_gate
 from ..runner import (
   Apply,
   Execution,
@@ -85,11 +86,19 @@ def _place(case: Case, x_np: np.ndarray, mesh: Any) -> tuple[jax.Array, int, str
   n = _mesh_size(mesh)
   if case.raises is not None or case.input in UNBATCHED_INPUTS or x_np.ndim == 0:
     why = "an error case" if case.raises is not None else "no batch axis"
-    x = jax.device_put(jnp.asarray(x_np), NamedSharding(mesh, PartitionSpec()))
+    x = _put(x_np, NamedSharding(mesh, PartitionSpec()))
     return x, 1, f"replicated on {n} devices ({why})"
   tiled = np.concatenate([x_np] * n, axis=0)
-  x = jax.device_put(jnp.asarray(tiled), NamedSharding(mesh, PartitionSpec(BATCH_AXIS)))
+  x = _put(tiled, NamedSharding(mesh, PartitionSpec(BATCH_AXIS)))
   return x, n, f"batch of {x_np.shape[0]} repeated {n} times, sharded over {n} devices"
+
+
+def _put(values: np.ndarray, sharding: Any) -> jax.Array:
+  """``values`` placed as ``sharding`` says, each process placing its own shards from its own
+  copy: across processes ``jax.device_put`` first checks that every process holds equal
+  values, which an array holding NaN never does."""
+  values = np.asarray(values, jax.dtypes.canonicalize_dtype(values.dtype))
+  return jax.make_array_from_callback(values.shape, sharding, lambda index: values[index])
 
 
 def _replicate(tree: Any, mesh: Any) -> Any:
@@ -150,9 +159,14 @@ def run_case(
   """
   run = Execution()
   try:
-    _run(case, dict(stored or {}), run, reps, mesh)
-  except Exception as e:  # noqa: BLE001 - reported as the case's status
-    run.error = _describe_error(e)
+    with case_gate(case.name) as gate:  # several processes agree first (processes/batch.py)
+      try:
+        _run(case, dict(stored or {}), run, reps, mesh)
+      except Exception as e:  # noqa: BLE001 - reported as the case's status
+        run.error = _describe_error(e)
+      gate(run.error)  # where nothing ran across processes: tell the others how it went
+  except ProcessesError as e:
+    run.error = run.error or _describe_error(e)
   return run
 
 
@@ -175,6 +189,7 @@ def _run(
     _expect_raise(case, apply, params, rest, x, run)
     return
   evaluate(run, apply, (params, rest, x), lambda out: _split_output(case, out), reps=reps)
+  run.call = apply, (params, rest, x)
   if case.grad and is_float(x_np.dtype):
     _gradients(case, apply, params, rest, x, stored, run, mesh)
   settle(run, lambda key, dtype: tolerance_for(case.tolerance, role_of(key), dtype))
@@ -197,7 +212,7 @@ def _gradients(
     from jax.sharding import NamedSharding, PartitionSpec
 
     tiled = np.concatenate([ct_np] * run.copies, axis=0)
-    ct = jax.device_put(jnp.asarray(tiled), NamedSharding(mesh, PartitionSpec(BATCH_AXIS)))
+    ct = _put(tiled, NamedSharding(mesh, PartitionSpec(BATCH_AXIS)))
   else:
     ct = _replicate(jnp.asarray(ct_np), mesh)
 

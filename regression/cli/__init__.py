@@ -5,8 +5,9 @@ Commands:
 * ``check [--baseline DIR] [--json OUT] [--html OUT] [--timing] [-k PATTERN]
   [--dry-run] [--devices N [--axis-types explicit|auto]]``: runs the batch after
   JIT warmup and compares it with the baseline (default: the shipped one).
-  ``--timing`` lists every case whose timing moved; by default the report gives
-  totals and at most the largest mover. ``--html OUT`` also writes one
+  ``--timing`` lists the timing totals and every case whose timing moved; by default
+  one line counts those cases (another machine's times differ for that alone). A ``-k``
+  that selects no case exits 2. ``--html OUT`` also writes one
   self-contained page (:mod:`nnx_pool.regression.report.html`): both stamps, the table,
   and heatmaps of every failing array; it needs matplotlib, the ``report``
   extra, and without it exits 2 naming the install command before running anything.
@@ -14,9 +15,11 @@ Commands:
   devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before
   JAX initialises, re-running the command in a fresh interpreter when this one
   already initialised JAX) and is compared with the same baseline.
-* ``record [--out DIR] [--force] [--json OUT]``: runs the batch and writes a
+* ``record [--out DIR] [--force] [-k PATTERN] [--json OUT]``: runs the batch and writes a
   baseline atomically. Without ``--out`` it re-records the shipped baseline,
-  and only in a source checkout: an installed package is never written.
+  and only in a source checkout, from a clean tree: an installed package is never written.
+  ``-k`` records the cases it selects: a partial baseline that says so, or, into an
+  existing one with ``--force``, merged (:mod:`nnx_pool.regression.batch.record`).
 * ``diff A B [--json OUT]``: compares two recorded baselines.
 * ``info [--json OUT]``: prints the current environment stamp.
 * ``report DIR [--obtained OBTAINED] [--json OUT] [--html OUT]``: the report of the last
@@ -46,6 +49,12 @@ Commands:
   registry's releases between them, in the rehearsal cache's environments, and names the
   first release whose check fails. See :mod:`nnx_pool.regression.upgrade.bisect`.
 
+* ``launch -n N [--local-devices K] [--wait S] [--grace S] [--timeout S] -- COMMAND...``:
+  runs the command in N local processes of one JAX run (``jax.distributed``, gloo) over
+  N x K simulated CPU devices, each line relayed with its process's id, and exits with one
+  status; the pytest plugin and ``check`` start the runtime from the variables it sets. See
+  :mod:`nnx_pool.regression.processes.launcher`.
+
 On a terminal, ``check`` and ``record`` show which case runs (``check: case 17/104
 max_k2s1_ties_zeros ...``) on one line of stderr that is rewritten in place and cleared
 at the end; when stderr is not a terminal (piped, redirected, CI) nothing extra is
@@ -73,7 +82,7 @@ The command line's modules: :mod:`.parser` (the commands and their options),
 :mod:`.dispatch` (:func:`main`: parse, run, print, exit code), :mod:`.outputs` (the report
 printed, ``--json`` and ``--html`` checked before anything runs), :mod:`.progress` (the
 progress line on a terminal), :mod:`.upgrade_commands` (``rehearse`` and ``bisect``) and
-:mod:`.devices` (``--devices N``).
+:mod:`.devices` (``--devices N``) and :mod:`.launch` (``launch``).
 """
 
 from .dispatch import main, run

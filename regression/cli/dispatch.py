@@ -4,14 +4,18 @@ code (the commands are listed in :mod:`nnx_pool.regression.cli`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from ..processes.batch import ProcessesError, join, share_exit
 from ..report import Report, html
 from ..stamp import SHIPPED, source_checkout
 from .devices import provide_devices
+from .launch import launch_command
 from .outputs import REPORT_ROWS, outputs_problem, print_report, write_json_file
 from .parser import make_parser
 from .progress import progress_line
@@ -50,12 +54,25 @@ def run(
     from ..batch import load_batch as batch
   loaded = batch()
   if args.command == "record":
-    return commands.record(loaded.cases, args.out, force=args.force, notes=loaded.notes,
-                           progress=progress)
-  return commands.check(
+    return commands.record(loaded.cases, args.out, force=args.force, pattern=args.pattern,
+                           notes=loaded.notes, progress=progress)
+  report = commands.check(
       loaded.cases, args.baseline, pattern=args.pattern, dry_run=args.dry_run, notes=loaded.notes,
       devices=args.devices, axis_types=args.axis_types, progress=progress,
   )
+  if args.pytest_result is not None:
+    report.pytest = _pytest_result(args.pytest_result)
+  return report
+
+
+def _pytest_result(path: str) -> dict[str, Any] | None:
+  """The user's tests' result that ``rehearse`` wrote (``check --pytest-result``); None where
+  it cannot be read (the report is whole without it)."""
+  try:
+    found = json.loads(Path(path).read_text())
+  except (OSError, ValueError):
+    return None
+  return found if isinstance(found, dict) else None
 
 
 def _fixture_report(path: str, obtained: str | None = None) -> Report:
@@ -83,6 +100,8 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
   argv = list(sys.argv[1:] if argv is None else argv)
   if argv[:1] == ["bisect"]:  # its own `--` and refusals: see _bisect
     return bisect_command(argv)
+  if argv[:1] == ["launch"]:  # the command to run follows `--`
+    return launch_command(argv)
   handed: list[str] = []
   if argv[:1] == ["rehearse"] and "--" in argv:  # pytest's own options, untouched
     cut = argv.index("--")
@@ -100,13 +119,15 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
       return 2
     if args.pytest is not None:
       args.pytest = [*args.pytest, *handed]
-  problem = outputs_problem(args)
+  group, problem = join(args.command)  # a launched process: one of several
+  if not problem and (group is None or group.lead):  # only process 0 writes the outputs
+    problem = outputs_problem(args)
   if problem:
     print(f"error: {problem}", file=sys.stderr)
     return 2
   if args.command == "rehearse":
     return rehearse_command(args)
-  if getattr(args, "devices", None):
+  if getattr(args, "devices", None) and group is None:  # launched: the launcher gave them
     code = provide_devices(args.devices, argv, custom_batch=batch is not None)
     if code is not None:
       return code
@@ -119,6 +140,16 @@ def main(argv: Sequence[str] | None = None, *, batch: BatchFactory | None = None
     print(f"error: {args.command}: the regression batch could not be imported or built (the "
           "traceback above says why); nothing was compared.", file=sys.stderr)
     return 2
+  if group is not None:
+    try:
+      code = share_exit(report, group)
+    except ProcessesError as e:
+      print(f"error: {args.command}: {e}", file=sys.stderr)
+      return 2
+    if not group.lead:
+      print(f"process {group.index} of {group.count}: ran its part; process 0 prints the report "
+            f"and writes the files (exit {code})")
+      return code
   print_report(report, timing=getattr(args, "timing", False), json_path=args.json,
                limit=REPORT_ROWS if args.command == "report" else None)
   if not write_json_file(report, args.json):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import store
+from ..constants import PARTIAL_NOTE
 from ..report import Report, html, render, write_json
 
 # `report` lists at most this many rows, the worst failing first, as the failing check did.
@@ -28,7 +29,9 @@ def print_report(report: Report, *, timing: bool, json_path: str | None,
     return
   print(render(report, timing=timing, json_path=json_path, limit=limit))
   if report.command == "record" and report.exit_code == 0:
-    print(f"\nwrote baseline {report.baseline} ({len(report.rows)} cases)")
+    partial = any(note.startswith(PARTIAL_NOTE) for note in report.notes)
+    print(f"\nwrote baseline {report.baseline} ({len(report.rows)} cases"
+          f"{' recorded: see the note above' if partial else ''})")
 
 
 def write_json_file(report: Report, path: str | None) -> bool:

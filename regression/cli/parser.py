@@ -36,10 +36,14 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="DIR", default=str(SHIPPED),
                    help="baseline directory (default: the shipped baseline)")
     p.add_argument("-k", dest="pattern", metavar="PATTERN",
-                   help="only cases whose name contains PATTERN or matches it as a glob")
+                   help="only cases whose name contains PATTERN (as pytest's -k matches a word: "
+                        "avg_ selects global_avg_batch too) or matches it as a glob ('avg_*': "
+                        "the names that start with avg_); one that selects none exits 2")
     p.add_argument("--dry-run", action="store_true", help="report drift but exit 0")
     p.add_argument("--timing", action="store_true",
-                   help="list every case whose compile or steady time moved (never fails a check)")
+                   help="list the compile and steady totals and every case whose time moved "
+                        "past the noise (by default one line counts them: another machine's "
+                        "times differ for that alone); timing never fails a check")
     add_json(p)
     p.add_argument("--html", metavar="OUT", help=html_help)
 
@@ -56,6 +60,8 @@ def make_parser() -> argparse.ArgumentParser:
                  help="run the batch sharded over N (simulated CPU) devices")
   p.add_argument("--axis-types", choices=("explicit", "auto"), default="explicit",
                  help="the mesh's axis type with --devices (default: explicit, as jax.make_mesh)")
+  # rehearse --pytest hands check the user's tests' result, for its report and page.
+  p.add_argument("--pytest-result", metavar="FILE", help=argparse.SUPPRESS)
 
   p = sub.add_parser(
       "record", help="run the batch and write a baseline",
@@ -63,7 +69,12 @@ def make_parser() -> argparse.ArgumentParser:
       epilog="On a terminal, stderr shows the case running (case n/N); piped, nothing extra.")
   p.add_argument("--out", metavar="DIR",
                  help="baseline directory (default, in a source checkout only: the shipped one)")
-  p.add_argument("--force", action="store_true", help="replace an existing baseline")
+  p.add_argument("--force", action="store_true",
+                 help="replace an existing baseline (with -k: merge the selection into it)")
+  p.add_argument("-k", dest="pattern", metavar="PATTERN",
+                 help="record only the cases whose name contains PATTERN or matches it as a "
+                      "glob; into an existing baseline (with --force) they replace its own and "
+                      "its other cases are kept; into a new one, a partial baseline that says so")
   add_json(p)
 
   p = sub.add_parser("diff", help="compare two recorded baselines")
@@ -146,10 +157,17 @@ def make_parser() -> argparse.ArgumentParser:
              "(steps, installs, minutes, disk) and, last, the answer. Exit codes: 1 a first moved "
              "release was found, 0 the bad set passes, 2 bad input or a set that cannot be "
              "installed or recorded.")
-  p.add_argument("--good", metavar="SPEC", required=True,
+  p.add_argument("--good", metavar="SPEC",
                  help="the requirement set whose numbers are right, e.g. 'jax==0.9.0'")
-  p.add_argument("--bad", metavar="SPEC", required=True,
+  p.add_argument("--bad", metavar="SPEC",
                  help="the requirement set whose numbers moved, e.g. 'jax==0.10.2'")
+  p.add_argument("--good-date", metavar="YYYY-MM-DD",
+                 help="instead of --good: the kit's requirements, unpinned, as the registry held "
+                      "them at the end of this day (uv --exclude-newer; needs uv)")
+  p.add_argument("--bad-date", metavar="YYYY-MM-DD",
+                 help="instead of --bad: the day whose set moved; bisect halves over the days "
+                      "between on which any package of the set had a release, names the first "
+                      "day that moved and what changed on it, then tries each change alone")
   p.add_argument("--resolve", action="store_true",
                  help="let pip choose, at each release, the newest version no newer than this "
                       "environment's of each package that depends on it (flax for jax)")
@@ -157,7 +175,8 @@ def make_parser() -> argparse.ArgumentParser:
                  help="walk pre-releases too (by default they are left out, as pip leaves them)")
   p.add_argument("-k", dest="pattern", metavar="PATTERN",
                  help="check only the kit's cases whose name contains PATTERN or matches it as "
-                      "a glob (all are recorded)")
+                      "a glob, as check -k selects them (all are recorded); one that selects "
+                      "none exits 2 before anything is built")
   p.add_argument("--html", metavar="OUT",
                  help="write the HTML page of the first moved release's failure to OUT: your "
                       "tests' where they failed, else the kit's (drawn in its environment)")
@@ -167,4 +186,7 @@ def make_parser() -> argparse.ArgumentParser:
                       "to pytest untouched")
   p.add_argument("--no-batch", dest="batch", action="store_false",
                  help="skip the kit's own cases: only record and check your tests (--pytest)")
+  from .launch import add_launch_parser  # imports this module's positive_int
+
+  add_launch_parser(sub)
   return parser

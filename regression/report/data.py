@@ -77,6 +77,9 @@ class Row:
     arrays: per-array verdicts and tolerances, for JSON.
     failed: the arrays of ``check`` that failed, by key, for the HTML report;
       left out of JSON. Arrays whose dtype or shape changed are not kept.
+    attribution: of a failing batch case whose baseline keeps its program, whether the
+      program or the compiler moved it (as :attr:`Report.attribution`); its line is among
+      ``details`` too.
   """
 
   case: str
@@ -88,6 +91,7 @@ class Row:
   arrays: dict[str, Any] = dataclasses.field(default_factory=dict)
   failed: dict[str, FailedArray] = dataclasses.field(
       default_factory=dict, repr=False, compare=False)
+  attribution: dict[str, Any] | None = None
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-safe dict (without the arrays of :attr:`failed`)."""
@@ -144,6 +148,16 @@ class Report:
     headline: what changed about a user's model before any number, one line each (its
       state's schema, its modes, its weights, its inputs, the first submodule whose output
       moved), printed before the table.
+    pytest: what the user's tests found where ``rehearse --pytest`` ran them: ``command``,
+      ``exit_status``, ``meaning``, ``counts`` (tests by outcome; None where pytest stopped
+      before the end) and ``failed`` (the ids that failed or errored); None otherwise.
+    cause: of a failing fixture check, what the kit knows made it fail, in a few words (the
+      initialisation, the schema, a mode, a configuration change), for the failure's first
+      line; None when it does not know.
+    attribution: of a failing fixture check whose baseline keeps its program, whether the
+      program or the compiler moved it (:mod:`~nnx_pool.regression.fixture.attribution`):
+      ``{"kind": "program" | "compiler" | "both" | "none", "line", "diff" (the first
+      differing StableHLO lines), "seconds"}``, printed after the headline; None otherwise.
   """
 
   command: str
@@ -161,6 +175,9 @@ class Report:
   dry_run: bool = False
   unit: str = "cases"
   headline: list[str] = dataclasses.field(default_factory=list)
+  pytest: dict[str, Any] | None = None
+  cause: str | None = None
+  attribution: dict[str, Any] | None = None
 
   def counts(self) -> dict[str, int]:
     """How many rows have each status."""
@@ -188,6 +205,8 @@ class Report:
         "command": self.command,
         "exit_code": self.exit_code,
         "headline": self.headline,
+        "cause": self.cause,
+        "attribution": self.attribution,
         "error": self.error,
         "baseline": self.baseline,
         "other": self.other,
@@ -202,7 +221,28 @@ class Report:
         "notes": self.notes,
         "stamp": self.stamp,
         "baseline_stamp": self.baseline_stamp,
+        "pytest": self.pytest,
     }
+
+
+def attribution_lines(report: Report) -> list[str]:
+  """The attribution's line and its StableHLO lines, indented, as a report prints them."""
+  said = report.attribution
+  return [said["line"], *(f"    {line}" for line in said.get("diff") or ())] if said else []
+
+
+def moved_lines(report: Report, who: str) -> list[str]:
+  """The attribution of the first failing row that has one, as its own line and its
+  StableHLO lines (``bisect: why max_k2_one moved: the program changed, ...``); none where the
+  report shows it above its table already (:attr:`Report.attribution`) or no row has one."""
+  if report.attribution:
+    return []
+  for row in report.rows:
+    if row.status in FAILING and row.attribution:
+      said = row.attribution
+      return [f"{who}: why {row.case} moved: {said['line']}",
+              *(f"    {line}" for line in said.get("diff") or ())]
+  return []
 
 
 def _float(value: float | str | None) -> float | None:

@@ -1,18 +1,19 @@
 """``check --html OUT``: the report as one self-contained HTML page.
 
-The page holds the verdict, the table the CLI prints (one line per case, so a passing
-case takes one line; failures first, in the order of :data:`ORDER`), then what changed
-about a user's model (its state's schema, its modes, its weights, the first submodule
-whose output moved: the report's headline, which for a renamed model can be long, so
-it comes after the table), both environments' stamps side by side (changed values
-marked), and a section for every failing
-case, in the same order: its details and, for each failing array,
-one figure of three heatmaps, the baseline, the new result and
-``|new - baseline|``, with the cells over tolerance outlined and the tolerance
-in the caption. Index and other integer results show the cells that differ
-instead of a difference. Every failing case draws its first failing array, and
-further arrays up to :data:`MAX_FIGURES` in all; the others are named in their
-case's details. An array whose dtype or shape
+The page holds the user's tests' result where ``rehearse --pytest`` ran them (the command,
+its exit status, the tests by outcome, the ids that failed), the verdict, then what changed
+first about a user's model (the failure's cause, its state's schema, its modes, its weights,
+the first submodule whose output moved: the report's headline, its first :data:`HEAD_LINES`
+lines; a renamed model's schema list can be longer, and its rest comes after the table), the
+table the CLI prints (one line per case, so a passing case takes one line; failures first,
+in the order of :data:`ORDER`), both environments' stamps side by side (changed values
+marked), and a section for every failing case, in the same order: its details and, for a
+failing array, one figure of three heatmaps, the baseline, the new result
+and ``|new - baseline|``, with the cells over tolerance outlined and the tolerance in the
+caption. Index and other integer results show the cells that differ instead of a difference.
+At most :data:`MAX_FIGURES` arrays are drawn in all: first one of every failing case, the cases
+whose worst element is furthest off (:func:`~.text.excess`) first, then further arrays of
+those cases; the others are named in their case's details. An array whose dtype or shape
 changed is named, not drawn.
 
 Each heatmap shows one 2-D slice, named in its caption: the spatial map through
@@ -34,7 +35,7 @@ import html
 import io
 import os
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,15 +45,17 @@ from ..compare.tolerance import is_float
 from ..stamp import stamp_header, stamp_rows
 from ..store import write_atomic
 from .data import FAILING, FailedArray, Report, Row
-from .text import COLUMNS, aligned, table, timing_lines
+from .text import COLUMNS, aligned, excess, table, timing_lines
 
 INSTALL = "pip install 'nnx-pool[report]'"
 MISSING = f"--html needs matplotlib: {INSTALL}"
 # The page lists cases by status in this order, the batch's order within a status: what
 # moved first, then what could not run, then what must be re-recorded, then the rest.
 ORDER = ("FAIL", "ERROR", "STALE", "NEW", "GONE", "PASS", "RECORDED")
-# Arrays drawn beyond each failing case's first (about 25 KB of page and 0.2 s each).
+# Arrays drawn on one page, at most (about 25 KB of page and 0.2 s each).
 MAX_FIGURES = 48
+# Lines of the headline (what changed about a user's model) shown before the table.
+HEAD_LINES = 8
 # Slices up to this many rows and columns get their integer values written in the cells.
 _ANNOTATE = 12
 _DPI = 90
@@ -123,6 +126,7 @@ def render_html(report: Report, *, progress: Progress | None = None) -> str:
       f"<title>{_e(title)}</title>",
       f"<style>{_STYLE}</style></head><body>",
       f"<h1>{_e(f'nnx-pool regression {report.command}')}</h1>",
+      *_tests(report.pytest),
   ]
   if report.error:
     parts.append(f'<p class="ERROR">error: {_e(report.error)}</p>')
@@ -133,13 +137,23 @@ def render_html(report: Report, *, progress: Progress | None = None) -> str:
   parts.append(f"<p>{' &middot; '.join(_e(s) for s in line)}</p>")
   rows = page_order(report.rows)
   parts += _headers(report)
+  first, rest = report.headline[:HEAD_LINES], report.headline[HEAD_LINES:]
+  if first or report.cause:
+    parts += ["<h2>What changed first</h2>"]
+    parts += [f"<p><b>{_e(report.cause)}</b></p>"] if report.cause else []
+    parts += ['<ul class="details">', *(f"<li>{_e(line)}</li>" for line in first), "</ul>"]
+    parts += [f'<p class="muted">{len(rest)} more lines after the table.</p>'] if rest else []
+  if report.attribution:
+    said = report.attribution
+    parts += ["<h2>The program or the compiler</h2>", f"<p>{_e(said['line'])}</p>"]
+    parts += [f"<pre>{_e(chr(10).join(said['diff']))}</pre>"] if said.get("diff") else []
   parts += _table(rows, summary)
-  if report.headline:  # after the table: a renamed model's schema list can be long
-    parts += ["<h2>What changed first</h2>", '<ul class="details">',
-              *(f"<li>{_e(line)}</li>" for line in report.headline), "</ul>"]
+  if rest:  # a renamed model's schema list can be long: the table first
+    parts += ["<h2>What changed (continued)</h2>", '<ul class="details">',
+              *(f"<li>{_e(line)}</li>" for line in rest), "</ul>"]
   parts += _failures(rows, progress)
   parts += _stamps(report)
-  timed = timing_lines(report.timings)
+  timed = timing_lines(report.timings, every=True)  # the page holds it all, below the rest
   if timed:
     parts += ["<h2>Timing</h2>", '<p class="muted">baseline &rarr; now; reported, never failed</p>',
               f"<pre>{_e(chr(10).join(timed))}</pre>"]
@@ -174,6 +188,25 @@ def _anchor(case: str) -> str:
 
 
 # ------------------------------------------------------------------ sections
+
+
+def _tests(result: Mapping[str, Any] | None) -> list[str]:
+  """The user's tests' result, where ``rehearse --pytest`` ran them: the command, its exit
+  status and what it means, the tests by outcome, the ids that failed or errored."""
+  if not result:
+    return []
+  status = result.get("exit_status")
+  counts = result.get("counts")
+  found = (", ".join(f"{n} {what}" for what, n in sorted(counts.items())) if counts
+           else "no counts (pytest stopped before the end)")
+  verdict = f"{status} ({result.get('meaning', 'unknown')})"
+  failed = result.get("failed") or []
+  return ["<h2>Your tests</h2>",
+          f"<p><code>{_e(result.get('command', 'pytest'))}</code> exited "
+          f'<span class="{"PASS" if status == 0 else "FAIL"}">{_e(verdict)}</span>: '
+          f"{_e(found)}</p>",
+          *(['<ul class="details">', *(f"<li>{_e(name)}</li>" for name in failed), "</ul>"]
+            if failed else [])]
 
 
 def _sides(report: Report) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]:
@@ -236,17 +269,21 @@ def _failures(rows: Sequence[Row], progress: Progress | None) -> list[str]:
   failing = [r for r in rows if r.status in FAILING]
   if not failing:
     return []
-  # Every failing case draws its first failing array; the others fill what is left of
-  # MAX_FIGURES, in page order.
-  firsts = [(r.case, min(r.failed)) for r in failing if r.failed]
+  # MAX_FIGURES in all: each failing case's first array, the worst cases first, then the
+  # cases' other arrays in page order.
+  worst = sorted((r for r in failing if r.failed), key=lambda r: (excess(r), r.max_abs or 0.0),
+                 reverse=True)
+  firsts = [(r.case, min(r.failed)) for r in worst]
   others = [(r.case, key) for r in failing for key in sorted(r.failed)[1:]]
-  drawn = set(firsts + others[:max(0, MAX_FIGURES - len(firsts))])
+  drawn = set((firsts + others)[:MAX_FIGURES])
   total = len(firsts) + len(others)
   out = ["<h2>Failures</h2>"]
   if total > len(drawn):
-    out.append(f'<p class="muted">{total} arrays failed; {len(drawn)} are drawn, at least '
-               "one of every failing case. Run <code>check -k PATTERN --html OUT</code> to "
-               "draw the others.</p>")
+    every = (", at least one of every failing case" if len(firsts) <= MAX_FIGURES else
+             f" (at most {MAX_FIGURES}): one of each of the failing cases whose worst element "
+             "is furthest off")
+    out.append(f'<p class="muted">{total} arrays failed; {len(drawn)} are drawn{every}. Run '
+               "<code>check -k PATTERN --html OUT</code> to draw the others.</p>")
   done = 0
   for row in failing:
     tolerance = f' <span class="muted">{_e(row.tolerance)}</span>' if row.tolerance else ""

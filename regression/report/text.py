@@ -4,10 +4,9 @@ A report opens with one line per side naming its versions and device (this
 run, the baseline), lists one row per case (case, max abs error, max rel
 error, tolerance, status), the failure details below the table, the
 environment changes since the baseline (``jax 0.9.2 -> 0.10.2``), and timing
-(compile time apart from steady-state time). Timing is never a failure. By
-default it takes at most three lines: the two totals, and the single case that
-moved most if it moved past the noise threshold (:data:`~.data.NOISE`); ``--timing``
-lists every case past it.
+(compile time apart from steady-state time). Timing is never a failure, and times are
+the machine's as much as the code's: by default one line counts the cases that moved past
+the noise threshold (:data:`~.data.NOISE`), and ``--timing`` lists them with the totals.
 
 The table lists rows in the batch's order, as the progress line ran them, so that the
 tables of two runs compare line by line; the details below it name every row that did
@@ -20,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from ..stamp import stamp_header
-from .data import FAILING, Report, Row, Timing, _float
+from .data import FAILING, NOISE, Report, Row, Timing, _float, attribution_lines
 
 
 def _num(value: float | None) -> str:
@@ -69,14 +68,26 @@ def _seconds(value: float | None) -> str:
 
 
 def timing_lines(timings: Sequence[Timing], *, every: bool = False) -> list[str]:
-  """The compile and steady totals, then the cases that moved past :data:`~.data.NOISE`.
+  """With ``every`` (``--timing``), the compile and steady totals, then every case that moved
+  past :data:`~.data.NOISE`; by default, one line counting those cases, or none.
+
+  Compile and steady times are the machine's as much as the code's: against a baseline
+  recorded on another machine (the shipped one, a colleague's, CI's), or on a busy one, cases
+  compile several times slower for that alone, so no time is shown unless asked for.
 
   Args:
     timings: per-case timing.
-    every: list every case that moved (``--timing``); by default only the one
-      that moved most, so the section is at most three lines.
+    every: list the totals and every case that moved (``--timing``).
   """
   both = [t for t in timings if t.compile_before is not None and t.compile_now is not None]
+  moved = sorted(
+      ((abs(math.log(t.ratios()[what])), t, what) for t in both for what in t.changed()),
+      key=lambda item: item[0], reverse=True)
+  if not every:
+    cases = len({t.case for _, t, _ in moved})
+    return [f"  {cases} case{'s' * (cases != 1)} timed past the noise (compile "
+            f"x{NOISE['compile']:g}, steady x{NOISE['steady']:g}); --timing lists them and the "
+            "totals (times from another machine differ for that alone)"] if moved else []
   if not both:
     return []
   lines = []
@@ -89,18 +100,12 @@ def timing_lines(timings: Sequence[Timing], *, every: bool = False) -> list[str]
   ):
     ratio = f" (x{now / before:.2f})" if before else ""
     lines.append(f"  {what}: {_seconds(before)} -> {_seconds(now)}{ratio}")
-  moved = sorted(
-      ((abs(math.log(t.ratios()[what])), t, what) for t in both for what in t.changed()),
-      key=lambda item: item[0], reverse=True)
-  shown = moved if every else moved[:1]
-  for _, t, what in shown:
+  for _, t, what in moved:
     before, now = (t.compile_before, t.compile_now) if what == "compile" else (
         t.steady_before, t.steady_now)
-    prefix = "" if every else "largest mover: "
-    more = "" if every or len(moved) == 1 else f"; {len(moved) - 1} more with --timing"
     # what is in t.changed(), so its before and now are both known (Timing.ratios).
-    lines.append(f"  {prefix}{t.case}: {what} {_seconds(before)} -> {_seconds(now)} "
-                 f"(x{now / before:.2f}){more}")  # pyright: ignore[reportOperatorIssue]
+    lines.append(f"  {t.case}: {what} {_seconds(before)} -> {_seconds(now)} "
+                 f"(x{now / before:.2f})")  # pyright: ignore[reportOperatorIssue]
   return lines
 
 
@@ -141,7 +146,8 @@ def render(report: Report, *, timing: bool = False, json_path: str | None = None
 
   Args:
     report: the report.
-    timing: list every case whose timing moved (default: totals and the largest mover).
+    timing: list the timing totals and every case whose timing moved (default: one line
+      counting those cases).
     json_path: where the JSON report is written, if it is (named in the last line).
     limit: with more rows than this, list only the ``limit`` worst failing rows
       (:func:`shown_rows`); None lists every row.
@@ -155,8 +161,8 @@ def render(report: Report, *, timing: bool = False, json_path: str | None = None
       sides = [("A", report.baseline_stamp), ("B", report.stamp)]
     lines += [f"{side + ':':<10}{stamp_header(stamp or {})}" for side, stamp in sides]
     lines.append("")
-  if report.headline:
-    lines += report.headline
+  if report.headline or report.attribution:
+    lines += report.headline + attribution_lines(report)
     lines.append("")
   rows, left_out = shown_rows(report.rows, limit)
   if report.rows:

@@ -5,9 +5,10 @@ cli/); a user's import, the console script, the pytest plugin's entry point and 
 site's ``:::`` directives name the paths below, which must keep working whatever moves
 behind them. Where each is named: README.md and guides/07 (``python -m`` and ``cli.main``),
 guides/10 and docs/regression.md (``guard.Guard``, the store and commands of its HTML
-demo, ``batch.load_batch``), pyproject.toml (the console script and the ``pytest11`` entry
-point), docs/site_src/hooks.py (the command line's parser, the plugin's options, the
-package's ``__all__``), benchmarks/ (``tolerance.scales``, the CLI's integer type).
+demo, ``batch.load_batch``), guides/13 (``processes.initialize``), pyproject.toml (the
+console script and the ``pytest11`` entry point), docs/site_src/hooks.py (the command line's
+parser, the plugin's options, the package's ``__all__``), benchmarks/ (``tolerance.scales``,
+the CLI's integer type).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ PUBLIC = [
     ("nnx_pool.regression.report.html", ["write_html", "render_html", "available"]),
     ("nnx_pool.regression.stamp", ["SHIPPED", "collect_stamp", "stamp_changes"]),
     ("nnx_pool.regression.runner", ["split_callable", "compile_and_time", "compare_results"]),
+    ("nnx_pool.regression.processes", ["initialize"]),
 ]
 
 

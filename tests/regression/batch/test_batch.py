@@ -14,6 +14,7 @@ from nnx_pool.regression.batch import (
   case,
   load_batch,
   select,
+  selects_none,
 )
 from nnx_pool.regression.batch.inputs import INPUTS, make_cotangent, make_input, uniform
 from nnx_pool.regression.batch.runner import run_case
@@ -107,6 +108,22 @@ def test_batch_select_by_substring_or_glob():
   cases = [Case(n, lambda: None, input="one") for n in ("max_a", "avg_b", "max_c")]
   assert [c.name for c in select(cases, "max")] == ["max_a", "max_c"]
   assert [c.name for c in select(cases, "*_b")] == ["avg_b"]
+
+
+def test_batch_select_avg_is_a_substring_as_pytest_reads_a_word_and_a_glob_anchors_it():
+  # Issue 36, item 16: `-k avg_` also selects the global, adaptive and select averages, as
+  # pytest's `-k avg_` would; the glob `avg_*` is matched against the whole name.
+  names = ("avg_k2_one", "global_avg_batch", "adaptive_avg_1d_seq", "select_avg_batch",
+           "max_k2_one")
+  cases = [Case(n, lambda: None, input="one") for n in names]
+  assert [c.name for c in select(cases, "avg_")] == list(names[:4])
+  assert [c.name for c in select(cases, "avg_*")] == ["avg_k2_one"]
+  assert selects_none("avg_", names) is None
+  assert selects_none("avg_k2_on3", names) == (
+      "-k 'avg_k2_on3' selects none of the 5 cases (the nearest: avg_k2_one); a case is "
+      "selected when its name contains PATTERN, as pytest's -k matches a word (-k avg_ also "
+      "selects global_avg_batch), or matches it as a glob (-k 'avg_*': the names that start "
+      "with avg_).")
 
 
 @pytest.fixture(scope="module")

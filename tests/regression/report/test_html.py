@@ -114,7 +114,7 @@ def test_html_passing_cases_take_one_line_each(checked):
   cases = page[page.index("<h2>Cases</h2>"):page.index("<h2>Failures</h2>")]
   (line,) = [line for line in cases.splitlines() if "max_k2_one" in line]
   assert line.endswith('<span class="PASS">PASS</span>') and "<a " not in line
-  # Nothing else about it (the timing section may name it as the largest mover).
+  # Nothing else about it (the timing section may list it among the movers).
   rest = page.replace(cases, "").split("<h2>Timing</h2>")[0]
   assert "max_k2_one" not in rest
 
@@ -240,21 +240,39 @@ def test_html_escapes_every_text():
   assert "&quot;quoted&quot; &amp; &lt;tagged&gt;" in page
 
 
-def test_html_draws_every_failing_case_and_caps_the_other_arrays(monkeypatch):
-  monkeypatch.setattr(html, "MAX_FIGURES", 1)
+def _failing_cases(names, excess=None):
   tol = Tolerance("exact", reason="hand-made")
   rows = []
-  for name in ("first", "second"):
+  for i, name in enumerate(names):
     row = Row(name, "FAIL", details=[f"output: differs [{tol.describe()}]"])
+    row.arrays["result"] = {"excess": (excess or [1.0] * len(names))[i]}
     for key in ("output", "output_eager"):
       row.failed[key] = FailedArray(np.zeros((1, 2, 2, 1)), np.ones((1, 2, 2, 1)), tol, (1, 2))
     rows.append(row)
-  page = html.render_html(Report(command="check", exit_code=1, rows=rows))
-  # Each case's first array ("output") is drawn whatever the cap; the two others are named.
+  return rows
+
+
+def test_html_draws_every_failing_case_and_caps_the_other_arrays(monkeypatch):
+  monkeypatch.setattr(html, "MAX_FIGURES", 2)
+  page = html.render_html(Report(command="check", exit_code=1,
+                                 rows=_failing_cases(("first", "second"))))
+  # Each case's first array ("output") is drawn; the two others are named.
   assert page.count("<img") == 2
   assert "4 arrays failed; 2 are drawn, at least one of every failing case." in page
   assert _section(page, "first").count("<img") == _section(page, "second").count("<img") == 1
   assert "output: differs [exact]" in _section(page, "second")
+
+
+def test_html_draws_at_most_max_figures_the_worst_cases_first(monkeypatch):
+  # Issue 38, item 6: one failing test's page drew 126 figures (7.4 MB) where the docs said
+  # 48 at most. Three cases, two figures: those of the two worst cases.
+  monkeypatch.setattr(html, "MAX_FIGURES", 2)
+  page = html.render_html(Report(command="check", exit_code=1, rows=_failing_cases(
+      ("mild", "worst", "bad"), excess=[2.0, 9.0, 5.0])))
+  assert page.count("<img") == 2
+  assert [_section(page, name).count("<img") for name in ("mild", "worst", "bad")] == [0, 1, 1]
+  assert ("6 arrays failed; 2 are drawn (at most 2): one of each of the failing cases whose "
+          "worst element is furthest off.") in page
 
 
 def test_html_of_an_unusable_baseline_is_its_error():
@@ -296,12 +314,34 @@ def test_check_html_of_a_passing_run_says_no_heatmaps(cases, tmp_path):
   assert out.getvalue().rstrip().endswith(f"(the HTML report is in {tmp / 'pass.html'})")
 
 
-def test_html_puts_the_verdict_and_the_table_before_a_schema_list():
-  # A renamed model's headline can be long: the page leads with what passed and failed.
+def test_html_puts_what_changed_first_above_the_table_and_a_long_list_after_it():
+  # Issue 38, item 6: "What changed first" comes before the table (the cause first); a
+  # renamed model's headline can be long (issue 29): its lines past the eighth follow it.
   report = Report(command="check", exit_code=1, unit="arrays", rows=[
       Row("m:output", "FAIL", 1.0, 0.5, "rtol=1e-05 atol=1e-05", details=["moved"])],
       headline=[f"`blocks.{i}.se.fc1.kernel`: new Param float32[8, 2] in the model's state"
-                for i in range(20)])
+                for i in range(20)], cause="the state's schema changed")
   page = html.render_html(report)
-  assert page.index("exit code 1") < page.index("<h2>Cases</h2>") < page.index(
-      "<h2>What changed first</h2>") < page.index("`blocks.0.se.fc1.kernel`")
+  assert page.index("exit code 1") < page.index("<h2>What changed first</h2>") < page.index(
+      "<b>the state&#x27;s schema changed</b>") < page.index("`blocks.7.se.fc1.kernel`") < (
+      page.index("12 more lines after the table.")) < page.index("<h2>Cases</h2>") < page.index(
+      "<h2>What changed (continued)</h2>") < page.index("`blocks.8.se.fc1.kernel`")
+
+
+def test_html_shows_the_users_tests_result_before_the_kits_cases():
+  # Issue 36, item 13: rehearse --html held the kit's cases but not the user's pytest result.
+  result = {"command": "pytest tests -k logits", "exit_status": 1, "meaning": "tests failed",
+            "counts": {"failed": 1, "passed": 3, "skipped": 1},
+            "failed": ["tests/test_model.py::test_logits[<bf16>]"]}
+  report = Report(command="check", exit_code=0, pytest=result,
+                  rows=[Row("max_k2_one", "PASS", 0.0, 0.0, "exact")])
+  page = html.render_html(report)
+  assert ('<h2>Your tests</h2>\n<p><code>pytest tests -k logits</code> exited <span '
+          'class="FAIL">1 (tests failed)</span>: 1 failed, 3 passed, 1 skipped</p>\n'
+          '<ul class="details">\n<li>tests/test_model.py::test_logits[&lt;bf16&gt;]</li>\n'
+          "</ul>") in page
+  assert page.index("<h2>Your tests</h2>") < page.index("<h2>Cases</h2>")
+  stopped = dict(result, exit_status=2, meaning="interrupted", counts=None, failed=[])
+  page = html.render_html(Report(command="check", error="check exited 2", pytest=stopped))
+  assert ('exited <span class="FAIL">2 (interrupted)</span>: no counts (pytest stopped before '
+          "the end)</p>") in page
