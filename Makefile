@@ -3,8 +3,8 @@
 #   make check   the regression check against the shipped baseline
 #   make test    the whole test suite
 # and, for maintainers: make test-quick (the suite without the tests marked slow),
-# make test-rehearsal (rehearse jax 0.9.2 against the shipped baseline, and bisect jax 0.9.0
-# to 0.10.2, with real wheels),
+# make test-rehearsal (rehearse jax 0.9.2 against the shipped baseline, bisect jax 0.9.0
+# to 0.10.2 and by date, with real wheels),
 # make lint (ruff), make baseline (re-record the shipped baseline), make bench,
 # make docs (the site in site/), make test-site (the site in headless Chromium),
 # make docs-screenshots, make typecheck (pyright).
@@ -34,7 +34,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) tools/link_layout.py
 check: $(STAMP)
 	$(BIN)/python -m nnx_pool.regression check
 
-# Re-records regression/baseline/ (the one the package ships) in place.
+# Re-records regression/baseline/ (the one the package ships) in place, from a clean tree
+# (record refuses a checkout with uncommitted changes: the stamp names the commit).
 baseline: $(STAMP)
 	$(BIN)/python -m nnx_pool.regression record --out regression/baseline --force
 
