@@ -13,6 +13,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+import traceback
+import warnings
 from pathlib import Path
 
 import jax
@@ -183,6 +186,58 @@ _FORCED_WRITER = _child(0.2, """
 """)
 
 
+def _forced_write(out: Path, tag: str) -> None:
+  """:data:`_FORCED_WRITER`'s body, in a forked child: the same slowed-down write."""
+  real = store.write._write_file
+
+  def slow_write(path, data):
+    real(path, data)
+    time.sleep(0.2)
+
+  store.write._write_file = slow_write
+  store.write_baseline(out, {"kind": tag}, {tag: np.full(1000, ord(tag), np.int32)}, force=True)
+
+
+def _fork_together(write, out: Path, tags: list[str]) -> list:
+  """``write(out, tag)`` in a forked child per tag, released together; ``[(code, "", err)]``.
+
+  The store needs no JAX, so a fork (milliseconds) stands for a fresh interpreter (0.6 s of
+  CPU each importing the store; 2.8 s of test time for three, measured in `make test`): each
+  child is its own process, opening its own lock file description as another writer would.
+  A child touches no JAX (it runs threads that a fork does not carry over) and leaves with
+  ``os._exit``, running none of this session's teardown."""
+  go_read, go_write = os.pipe()
+  children = []
+  for tag in tags:
+    err_read, err_write = os.pipe()
+    with warnings.catch_warnings():  # JAX's at-fork warning: the children never use JAX
+      warnings.simplefilter("ignore", RuntimeWarning)
+      pid = os.fork()
+    if pid == 0:  # the child
+      code = 1
+      try:
+        os.close(go_write)
+        os.close(err_read)
+        os.read(go_read, 1)  # returns when the parent closes its end: every child at once
+        write(out, tag)
+        code = 0
+      except BaseException:  # noqa: BLE001 - reported to the parent, as a child's stderr
+        os.write(err_write, traceback.format_exc().encode())
+      finally:
+        os._exit(code)
+    os.close(err_write)
+    children.append((pid, err_read))
+  os.close(go_read)
+  os.close(go_write)  # go
+  results = []
+  for pid, err_read in children:
+    with os.fdopen(err_read) as err:
+      stderr = err.read()
+    _, status = os.waitpid(pid, 0)
+    results.append((os.waitstatus_to_exitcode(status), "", stderr))
+  return results
+
+
 def _run_together(script: str, out: Path, tags: list[str]) -> list:
   go = out.parent / "go"
   children = [
@@ -219,7 +274,8 @@ def test_regression_concurrent_forced_writes_leave_one_whole_baseline(baseline, 
   # Three writers: while one holds the lock, two wait for it and contend when it is released.
   # (Each is an interpreter importing the store, 0.6 s of CPU; a fourth proved nothing more.)
   tags = ["a", "b", "c"]
-  results = _run_together(_FORCED_WRITER, baseline, tags)
+  results = (_fork_together(_forced_write, baseline, tags) if hasattr(os, "fork") else
+             _run_together(_FORCED_WRITER, baseline, tags))
   assert [code for code, _, _ in results] == [0, 0, 0], results
   # One writer's baseline, complete and consistent (digests and checksum verified).
   final = read_baseline(baseline)
