@@ -729,7 +729,7 @@ def test_whole_map_reductions_refuse_empty_spatial_dims(make):
 def _integer_map(shape):
   """Integer values in [-7, 7]: every partial sum of a 1024 x 1024 plane stays below 2**24,
   so float32 sums are exact in any order and the mean (a power-of-two count) is exact."""
-  n, h, w, c = np.meshgrid(*(np.arange(s) for s in shape), indexing="ij")
+  n, h, w, c = np.ogrid[tuple(slice(s) for s in shape)]  # broadcast, not four full grids
   return ((n * 5 + h * 7 + w * 3 + c * 11) % 15 - 7).astype(np.float32)
 
 
