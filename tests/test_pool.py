@@ -347,10 +347,11 @@ def test_maxpool_vmap_matches_batch():
 def test_maxpool_dtypes_match_float32(dtype):
   # Integer-valued inputs are exact in every dtype here, so max and min agree exactly.
   x = np.random.default_rng(3).integers(-100, 100, (2, 5, 7, 3))
-  for cls in (MaxPool, MinPool):
-    pool = cls((3, 3), 2, 1, return_indices=True)
-    values, indices = pool(jnp.asarray(x, dtype))
-    ref_values, ref_indices = pool(jnp.asarray(x, jnp.float32))
+  pools = [cls((3, 3), 2, 1, return_indices=True) for cls in (MaxPool, MinPool)]
+  # One program for both pools in both dtypes (eager: each layout step compiled alone).
+  results = jax.jit(lambda a, b: [(p(a), p(b)) for p in pools])(
+      jnp.asarray(x, dtype), jnp.asarray(x, jnp.float32))
+  for (values, indices), (ref_values, ref_indices) in results:
     assert values.dtype == dtype
     np.testing.assert_array_equal(np.asarray(values, np.float32), ref_values)
     np.testing.assert_array_equal(indices, ref_indices)
@@ -511,16 +512,18 @@ def test_avgpool_gradient_of_tiling_windows_matches_mirror(window, ceil_mode):
   # the mirror's average pool is linear, so its transpose is read off one basis input
   # (a single 1) per cell.
   shape = (1, 7, 8, 1)
-  g = np.random.default_rng(3).integers(-4, 5, (1, *AvgPool(window, ceil_mode=ceil_mode)(
-      np.zeros(shape, np.float32)).shape[1:])).astype(np.float64)
+  pool = AvgPool(window, ceil_mode=ceil_mode)
+  out_shape = jax.eval_shape(pool, jax.ShapeDtypeStruct(shape, jnp.float32)).shape
+  g = np.random.default_rng(3).integers(-4, 5, out_shape).astype(np.float64)
   want = np.zeros(shape)
   for cell in np.ndindex(*shape):
     basis = np.zeros(shape)
     basis[cell] = 1.0
     want[cell] = np.sum(reference.avg_pool(basis, window, window, "VALID",
                                            ceil_mode=ceil_mode) * g)
-  grad = jax.grad(lambda v: jnp.sum(AvgPool(window, ceil_mode=ceil_mode)(v) * g))(
-      jnp.zeros(shape, jnp.float32))
+  # Jitted: eager, the backward's every op compiles on its own (test_pool_eager_equals_jit
+  # compares eager and jitted runs).
+  grad = jax.jit(jax.grad(lambda v: jnp.sum(pool(v) * g)))(np.zeros(shape, np.float32))
   np.testing.assert_allclose(grad, want, rtol=1e-6)
 
 

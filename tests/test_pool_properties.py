@@ -44,6 +44,12 @@ _PACKAGE = Path(nnx_pool.__file__).parent
 # still draw every value that the longer runs drew of kind, ndim, padding mode, asymmetric
 # pads, ceil mode, dilation, dtype, unbatched input, divisor override, count_include_pad
 # and norm type (checked by listing those features over the valid examples of both).
+# Separable max/min 10 -> 8 (its examples cost about 0.6 s each, most of it tracing): the 8
+# derandomized examples draw every feature the 10 drew (kind, ndim 1-3, the long axis at
+# each position, VALID, SAME and explicit padding, asymmetric pads, ceil mode with padding
+# and with dilation, strides past the window, unbatched, int and tuple strides) and an int
+# window besides; 5, 6 and 7 examples missed VALID or 2-D (listed with a script that
+# records those features of each valid example, hypothesis 6.170.17, derandomize=True).
 
 # The sweeps draw random channels-last shapes; some look channels-first, by design.
 pytestmark = pytest.mark.filterwarnings("ignore::nnx_pool.ChannelsFirstWarning")
@@ -352,7 +358,7 @@ def test_lppool_matches_mirror(cfg):
 
 
 @pytest.mark.slow
-@settings(max_examples=10, **_SETTINGS)
+@settings(max_examples=8, **_SETTINGS)
 @given(cfg=st.one_of(configs("max", separable=True), configs("min", separable=True)))
 def test_separable_maxpool_minpool_match_mirror(cfg):
   cfg = dataclasses.replace(cfg, dtype="float32")
