@@ -156,7 +156,12 @@ def test_the_processes_are_ended_after_the_timeout():
 def test_ctrl_c_ends_every_process(tmp_path):
   code = (f"import os, time; open(os.path.join({str(tmp_path)!r}, "
           "os.environ['NNX_REGRESSION_PROCESS_ID']), 'w').write(str(os.getpid())); time.sleep(120)")
-  proc = subprocess.Popen([sys.executable, "-m", "nnx_pool.regression", "launch", "-n", "2", "--",
+  # A shell that starts a command in the background (`make test &`, CI runners) makes it
+  # ignore SIGINT, and Python then installs no Ctrl-C handler: the launcher here gets
+  # Python's own back first, as a terminal would give it.
+  launcher = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "from nnx_pool.regression.cli import main; sys.exit(main(sys.argv[1:]))")
+  proc = subprocess.Popen([sys.executable, "-c", launcher, "launch", "-n", "2", "--",
                            "python", "-c", code], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, start_new_session=True)
   try:
@@ -170,6 +175,7 @@ def test_ctrl_c_ends_every_process(tmp_path):
   finally:
     if proc.poll() is None:
       os.killpg(proc.pid, signal.SIGKILL)
+      proc.communicate()  # reaped, its pipes closed (else a later test meets its warning)
   assert proc.returncode == 130
   assert "launch: interrupted: ending the processes" in err
   for pid in pids:
