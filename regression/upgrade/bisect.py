@@ -214,15 +214,15 @@ def bisect(
     except Fatal as e:
       found.exit_code, found.error = 2, str(e)
       result = found
-    kept = _kept(result, scratch)
+    kept = keep_moved(result, scratch)
     result.notes += state.notes
-    _finish(result, walk, span, html, keep, time.monotonic() - started)
+    finish(result, html, keep, time.monotonic() - started)
   finally:
-    _clean(scratch, kept)
+    clean(scratch, kept)
   return result
 
 
-def _kept(found: Bisected, scratch: Path) -> list[Path]:
+def keep_moved(found: Bisected, scratch: Path) -> list[Path]:
   """What outlives the bisect: where the first moved release's test report names files (the
   baselines the tests recorded, what that release obtained), so that ``report`` can draw it
   again; the note says where. Nothing otherwise."""
@@ -239,7 +239,7 @@ def _kept(found: Bisected, scratch: Path) -> list[Path]:
   return kept
 
 
-def _clean(scratch: Path, kept: Sequence[Path]) -> None:
+def clean(scratch: Path, kept: Sequence[Path]) -> None:
   """Removes the bisect's directory, all but ``kept`` (no link followed)."""
   if not kept:
     shutil.rmtree(scratch, ignore_errors=True)
@@ -288,8 +288,7 @@ def total_line(steps: Sequence[Step], seconds: float) -> str:
           f"{', and this environment' if here else ''}{shared})")
 
 
-def _finish(found: Bisected, walk: Walk, span: Span, html: str | os.PathLike | None, keep: int,
-            seconds: float) -> None:
+def finish(found: Bisected, html: str | os.PathLike | None, keep: int, seconds: float) -> None:
   """The total line, the page of the first moved release, and the cache's clean-up."""
   found.total = total_line(found.steps, seconds)
   moved = found.moved

@@ -25,7 +25,6 @@ import dataclasses
 import datetime as dt
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from . import date_plan, installer, preflight, rehearse_cache
+from .bisect import clean, finish, keep_moved
 from .bisect_plan import GOOD, LABELLED, MOVED, Halving
 from .bisect_steps import Bisected, Fatal, Step, StepRunner, bad_end
 from .pip_messages import uv_failure
@@ -109,7 +109,8 @@ def date_walk(points: Sequence[dt.date], world: Resolver, run_step: RunStep,
   good_day, moved_day = points[halving.good], points[halving.moved]
   old, new = world(good_day), world(moved_day)
   found.exit_code = 1
-  found.moved = next((s for s in reversed(found.steps) if s.release == moved_day), None)
+  # The first moved day's set may have been judged from a day checked with the same set.
+  found.moved = next((s for s in reversed(found.steps) if world(s.release) == new), None)
   found.answer = (f"first moved: {moved_day}: {', '.join(date_plan.changes(old, new))} "
                   f"(last good: {good_day})")
   if halving.unsure():
@@ -159,8 +160,6 @@ def bisect_dates(
   """Finds the first day between ``good_date`` and ``bad_date`` whose resolved set moved the
   numbers, and the change that did (see the module docstring); :class:`Bisected` as
   :func:`~.bisect.bisect` returns it."""
-  from .bisect import total_line
-
   tell = say or (lambda line: None)
   started = time.monotonic()
   try:
@@ -192,6 +191,7 @@ def bisect_dates(
     ends = resolver(good), resolver(bad)
     times = date_plan.times_of({*ends[0], *ends[1]}, registry)
     points = [good, *date_plan.upload_days(times, good, bad), bad]
+    keep = rehearse_cache.keep_count()
   except RehearsalError as e:
     return Bisected(2, error=str(e))
   if ends[0] == ends[1]:
@@ -200,6 +200,7 @@ def bisect_dates(
        f"{len(times)} packages appeared; records on the first, checks the last, then at most "
        f"{(len(points) - 2).bit_length()} between; {chosen.why}")
   scratch = Path(tempfile.mkdtemp(prefix="nnx-pool-bisect-"))
+  kept: list[Path] = []
   try:
     try:
       state = StepRunner(None, scratch, False, batch,
@@ -219,8 +220,9 @@ def bisect_dates(
       found = date_walk(points, resolver, run_step, tell)
     except Fatal as e:
       found = Bisected(2, error=str(e))
+    kept = keep_moved(found, scratch)
     found.notes += state.notes
-    found.total = total_line(found.steps, time.monotonic() - started)
+    finish(found, html, keep, time.monotonic() - started)
   finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+    clean(scratch, kept)
   return found

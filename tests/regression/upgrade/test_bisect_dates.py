@@ -140,6 +140,8 @@ def test_date_walk_does_not_check_a_day_whose_set_is_a_checked_days():
   found = bisect_dates.date_walk(points, world, run_step, lambda line: None)
   assert found.answer == "first moved: 2026-08-20: flax 0.12.6 -> 0.12.8 (last good: 2026-07-14)"
   assert [day for day, _ in calls] == [GOOD_DAY, BAD_DAY, dt.date(2026, 7, 14)]
+  # The step whose report the command prints: the bad day's, which holds 08-20's set.
+  assert found.moved is not None and found.moved.release == BAD_DAY
 
 
 def test_read_upload_times_takes_each_releases_first_file_and_refuses_an_index_without_them():
