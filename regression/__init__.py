@@ -38,8 +38,8 @@ The rooms (folders) of the kit, and the modules at the top:
   processes;
 * at the top: the doors users name (``pytest_plugin``, ``guard``, ``commands``, the
   ``tolerance`` policy's public path), the pipeline the batch and the fixture share
-  (``runner``), the environment stamp (``stamp``) and the names every room shares
-  (``constants``).
+  (``runner``), the environment stamp (``stamp``), the names every room shares
+  (``constants``) and the one-line telling of an exception (``describe``).
 
 Where coming work lands: weight renames and reshapes, and per-layer scales, in
 ``fixture/model_state/`` (``weights``, ``renames``, ``first_moved``); other installers (uv)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..compare.tolerance import is_float, tolerance_for
 from ..constants import BATCH_AXIS
+from ..describe import error_line
 from ..processes.batch import ProcessesError, case_gate
 from ..runner import (
   Apply,
@@ -109,11 +110,6 @@ def _replicate(tree: Any, mesh: Any) -> Any:
   return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
-def _describe_error(e: BaseException) -> str:
-  first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-  return f"{type(e).__name__}: {first}"
-
-
 def _expect_raise(case: Case, apply: Apply, params: Any, rest: Any, x: jax.Array,
                   run: Execution) -> None:
   spec: ErrorSpec = case.raises  # pyright: ignore[reportAssignmentType]  # run only when set
@@ -122,7 +118,7 @@ def _expect_raise(case: Case, apply: Apply, params: Any, rest: Any, x: jax.Array
   except Exception as e:  # noqa: BLE001 - the point is to see what is raised
     run.raised = {"type": type(e).__name__, "message": str(e)}
     if type(e).__name__ != spec.type:
-      run.error = f"raises {type(e).__name__} instead of {spec.type}: {_describe_error(e)}"
+      run.error = f"raises {type(e).__name__} instead of {spec.type}: {error_line(e)}"
     elif not re.search(spec.pattern, str(e)):
       run.error = f"the {spec.type} message no longer matches {spec.pattern!r}: {str(e)!r}"
     return
@@ -163,10 +159,10 @@ def run_case(
       try:
         _run(case, dict(stored or {}), run, reps, mesh)
       except Exception as e:  # noqa: BLE001 - reported as the case's status
-        run.error = _describe_error(e)
+        run.error = error_line(e)
       gate(run.error)  # where nothing ran across processes: tell the others how it went
   except ProcessesError as e:
-    run.error = run.error or _describe_error(e)
+    run.error = run.error or error_line(e)
   return run
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..describe import error_line
 from .gate import gated
 from .group import Group, ProcessesError
 
@@ -32,11 +33,6 @@ if TYPE_CHECKING:
 
 class _Refused(Exception):
   """The lead refused the check before it ran (its message)."""
-
-
-def _describe(error: BaseException) -> str:
-  text = str(error).strip()
-  return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def run_across(guard: Guard, group: Group, name: str, allow_nonfinite: bool,
@@ -65,7 +61,7 @@ def run_across(guard: Guard, group: Group, name: str, allow_nonfinite: bool,
       told = {"refused": f.outcome.message}
     except Exception as e:  # noqa: BLE001 - the others must hear of it, not wait
       told = {"refused": f"nnx_regression: {name!r}: process 0 (the lead) could not read what "
-                         f"the check needs: {_describe(e)}"}
+                         f"the check needs: {error_line(e)}"}
 
   def agree(stage: str, error: str | None = None) -> dict[str, Any]:
     posts = group.agree(number, name, stage, error=error, plan=told if group.lead else None)
@@ -88,7 +84,7 @@ def run_across(guard: Guard, group: Group, name: str, allow_nonfinite: bool,
       except BaseException as e:
         if not gate.passed:  # tell the others before they wait in a collective
           try:
-            gate(_describe(e))
+            gate(error_line(e))
           except (ProcessesError, _Refused):
             pass
         raise
@@ -120,7 +116,7 @@ def _lead_finishes(guard: Guard, group: Group, number: int, name: str, plan: Pla
   except BaseException as e:
     group.tell(number, "verdict", {"status": "refused", "path": str(plan.path), "message": (
         f"nnx_regression: {name!r}: process 0 (the lead) failed while comparing or writing: "
-        f"{_describe(e)}")})
+        f"{error_line(e)}")})
     raise
   obtained = None if outcome.obtained is None else str(outcome.obtained)
   verdict: dict[str, Any] = {"status": outcome.status, "path": str(outcome.path),

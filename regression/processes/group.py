@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+from ..describe import error_line
 from .environment import WAIT_ENV, wait_seconds
 
 PREFIX = "nnx_regression"
@@ -98,7 +99,7 @@ class Group:
       return json.loads(self.client.blocking_key_value_get(f"{key}/{index}", 10_000))
     except Exception as e:  # noqa: BLE001 - after the barrier, only a lost coordinator
       raise self._break(f"process {index}'s state at check {name!r} could not be read "
-                        f"({_first_line(e)})") from None
+                        f"({error_line(e)})") from None
 
   def _absent(self, key: str, name: str, error: BaseException) -> str:
     """Why a barrier failed: who never posted, or this process came after the others left."""
@@ -106,7 +107,7 @@ class Group:
       posted = {k for k, _ in self.client.key_value_dir_get(f"{key}/")}
     except Exception:  # noqa: BLE001 - the store is gone with process 0
       return (f"the coordinator (process 0) could not be reached at check {name!r}; it may "
-              f"have died ({_first_line(error)})")
+              f"have died ({error_line(error)})")
     missing = [i for i in range(self.count) if f"{key}/{i}" not in posted]
     if not missing:
       return (f"the other processes stopped waiting for this one (process {self.index}) at "
@@ -137,13 +138,8 @@ class Group:
     except Exception as e:  # noqa: BLE001 - a timeout, or the coordinator gone
       raise ProcessesError(
           f"process 0 (the lead) gave no verdict on check {name!r} within {self.wait_s:g} s "
-          f"after this process ran it ({_first_line(e)}); it may have died or still be "
+          f"after this process ran it ({error_line(e)}); it may have died or still be "
           "writing. Nothing was compared here.") from None
-
-
-def _first_line(error: BaseException) -> str:
-  text = str(error).strip()
-  return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 _GROUP: list[Group] = []
