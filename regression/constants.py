@@ -23,6 +23,9 @@ CHECK_ONLY_ENV = "NNX_REGRESSION_CHECK_ONLY"
 # How the note of a partial `record -k` begins, in its report and its baseline's manifest.
 PARTIAL_NOTE = "record -k"
 
+# check's hidden option: the result of a rehearsal's pytest run, for its report.
+PYTEST_RESULT_OPTION = "--pytest-result"
+
 # What a batch case's name and a fixture baseline's name may hold: letters, digits, `_.-`.
 NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 

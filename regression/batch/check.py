@@ -130,8 +130,8 @@ def check(
         f"({axis_types} axes); every copy of a repeated batch is compared with the baseline")
     report.notes.extend(f"  {count} case(s): {placement}" for placement, count in sorted(
         placements.items(), key=lambda item: (item[0].startswith("replicated"), -item[1])))
-  failing = any(r.status in FAILING for r in report.rows)
   failed = [r for r in report.rows if r.status in FAILING]
+  failing = bool(failed)
   if len(failed) == 1 and failed[0].attribution:
     # The report shows a lone failure's attribution above its table, so not in its details too.
     report.attribution = failed[0].attribution

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..constants import PYTEST_RESULT_OPTION
 from ..report import html
 from ..stamp import SHIPPED
 
@@ -61,7 +62,7 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--axis-types", choices=("explicit", "auto"), default="explicit",
                  help="the mesh's axis type with --devices (default: explicit, as jax.make_mesh)")
   # rehearse --pytest hands check the user's tests' result, for its report and page.
-  p.add_argument("--pytest-result", metavar="FILE", help=argparse.SUPPRESS)
+  p.add_argument(PYTEST_RESULT_OPTION, metavar="FILE", help=argparse.SUPPRESS)
 
   p = sub.add_parser(
       "record", help="run the batch and write a baseline",

@@ -10,7 +10,7 @@ runtime (``jax.distributed``), guarded as on one.
 * ``arrays``: global arrays gathered whole, and the layout a check stamps;
 * ``across``: the guard's check across processes (process 0 reads and writes, the others
   hear its verdict); ``batch``: the kit's ``check`` across processes;
-* ``pytest_side``: what the pytest plugin does in a launched process.
+* what the pytest plugin does in a launched process is ``initialize.join_problem``.
 """
 
 from .initialize import initialize

@@ -141,7 +141,8 @@ def render_html(report: Report, *, progress: Progress | None = None) -> str:
   if first or report.cause:
     parts += ["<h2>What changed first</h2>"]
     parts += [f"<p><b>{_e(report.cause)}</b></p>"] if report.cause else []
-    parts += ['<ul class="details">', *(f"<li>{_e(line)}</li>" for line in first), "</ul>"]
+    parts += ['<ul class="details">', *(f"<li>{_e(line)}</li>" for line in first),
+              "</ul>"] if first else []
     parts += [f'<p class="muted">{len(rest)} more lines after the table.</p>'] if rest else []
   if report.attribution:
     said = report.attribution

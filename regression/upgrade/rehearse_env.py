@@ -23,6 +23,7 @@ interpreter (:func:`interpreter`), with ``PYTHONPATH``, ``PYTHONHOME`` and pip's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -42,8 +43,17 @@ from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Pep508
 
 from .. import store
+from ..constants import PYTEST_RESULT_OPTION
 from . import rehearse_cache
-from .installer import Installer, choose, copied_note, pip_config_list, pip_settings, uv_command
+from .installer import (
+    Installer,
+    PipSettings,
+    choose,
+    copied_note,
+    pip_config_list,
+    pip_settings,
+    uv_command,
+)
 from .pip_messages import pip_failure, uv_failure
 from .rehearse_cache import ENV_DIR, shown
 from .rehearse_plan import (
@@ -60,7 +70,6 @@ from .rehearse_source import Source, location_digest
 
 _PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", re.M)  # uv pip compile's lines
 _UNSET_ENV = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT")
-PYTEST_RESULT_OPTION = "--pytest-result"  # check's hidden option: that result, for its report
 
 
 class StepProgress(Protocol):
@@ -117,7 +126,8 @@ def subprocess_env(env: Path) -> dict[str, str]:
 
 
 def run_pip(env: Path, args: Sequence[str], *, on_line: Callable[[str], None],
-            uv: tuple[Path, Path] | None = None) -> tuple[int, str]:
+            uv: tuple[Path, Path] | None = None, settings: PipSettings | None = None
+            ) -> tuple[int, str]:
   """Runs the environment's own pip, or ``uv pip`` for it: its exit status and output (each
   line to ``on_line``).
 
@@ -126,6 +136,8 @@ def run_pip(env: Path, args: Sequence[str], *, on_line: Callable[[str], None],
     args: pip's arguments (``install -c C -r R``).
     on_line: told each line of output.
     uv: ``(uv, its cache)`` to run ``uv pip`` with pip's settings (:mod:`.installer`).
+    settings: those settings, where the caller read them already (else read here: a
+      ``python -m pip config list``).
   """
   environ = subprocess_env(env)
   if uv is None:
@@ -133,7 +145,7 @@ def run_pip(env: Path, args: Sequence[str], *, on_line: Callable[[str], None],
                "--no-input", "--progress-bar", "off"]
   else:
     command, extra = uv_command(uv[0], interpreter(env), args,
-                                pip_settings(pip_config_list()), uv[1])
+                                settings or pip_settings(pip_config_list()), uv[1])
     environ.update(extra)
   lines = []
   with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -178,13 +190,18 @@ class Job:
   installer: Installer = dataclasses.field(default_factory=choose)
   notes: list[str] = dataclasses.field(default_factory=list)  # uv copied, not linked
 
+  @functools.cached_property
+  def settings(self) -> PipSettings:
+    """pip's settings, read once for every install of this job (uv is handed them)."""
+    return pip_settings(pip_config_list())
+
   def run(self, env: Path, args: Sequence[str]) -> tuple[int, str]:
     """:func:`run_pip` with this job's installer, its lines on the progress line."""
     uv = None
     if self.installer.uv is not None:
       uv = (self.installer.uv, rehearse_cache.uv_cache_dir())
     code, output = run_pip(env, args, uv=uv, on_line=lambda line: self.steps.show(
-        f"{self.installer.name}: {line}"))
+        f"{self.installer.name}: {line}"), settings=self.settings if uv else None)
     note = copied_note(output, uv[1]) if uv is not None else None
     if note and note not in self.notes:
       self.notes.append(note)
