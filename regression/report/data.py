@@ -227,8 +227,12 @@ class Report:
 
 def attribution_lines(report: Report) -> list[str]:
   """The attribution's line and its StableHLO lines, indented, as a report prints them."""
-  said = report.attribution
-  return [said["line"], *(f"    {line}" for line in said.get("diff") or ())] if said else []
+  return _said_lines(report.attribution)
+
+
+def _said_lines(said: dict[str, Any] | None, before: str = "") -> list[str]:
+  return [before + said["line"], *(f"    {line}" for line in said.get("diff") or ())] if (
+      said) else []
 
 
 def moved_lines(report: Report, who: str) -> list[str]:
@@ -239,9 +243,7 @@ def moved_lines(report: Report, who: str) -> list[str]:
     return []
   for row in report.rows:
     if row.status in FAILING and row.attribution:
-      said = row.attribution
-      return [f"{who}: why {row.case} moved: {said['line']}",
-              *(f"    {line}" for line in said.get("diff") or ())]
+      return _said_lines(row.attribution, f"{who}: why {row.case} moved: ")
   return []
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,6 @@ from .rehearse_source import this_source
 Resolver = Callable[[dt.date], dict[str, str]]
 # run_step(n, day, requirements, record) -> the step: records (the good end) or checks there.
 RunStep = Callable[[int, dt.date, Sequence[str], bool], Step]
-_PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", re.M)
 
 
 def day_label(day: dt.date | object, versions: Mapping[str, str]) -> str:
@@ -71,7 +69,7 @@ def uv_resolver(requirements: Sequence[str], uv: Path, settings: installer.PipSe
       if done.returncode:
         why = uv_failure(done.stdout + done.stderr, requirements).split(": ", 1)[1]
         raise RehearsalError(f"bisect: could not resolve the set as of {day}: {why}")
-      known[day] = {m[1].lower().replace("_", "-"): m[2] for m in _PINNED.finditer(done.stdout)}
+      known[day] = installer.pinned_versions(done.stdout)
     return known[day]
 
   return resolve

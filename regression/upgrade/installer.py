@@ -22,13 +22,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .rehearse_plan import RehearsalError
+from .rehearse_plan import RehearsalError, normalise
 
 INSTALLER_ENV = "NNX_POOL_INSTALLER"  # "uv" or "pip": which installer builds environments
 UPGRADE_EXTRA = "pip install 'nnx-pool[upgrade]'"
@@ -217,3 +218,11 @@ def copied_note(output: str, cache: Path) -> str | None:
     return None
   return (f"uv copied the files instead of linking them from its cache {cache}, which lies "
           "on another filesystem than the environment: each environment takes its full size")
+
+
+_PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", re.M)
+
+
+def pinned_versions(output: str) -> dict[str, str]:
+  """``uv pip compile``'s ``name==version`` lines, by normalised name."""
+  return {normalise(m[1]): m[2] for m in _PINNED.finditer(output)}

@@ -28,7 +28,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -46,13 +45,14 @@ from .. import store
 from ..constants import PYTEST_RESULT_OPTION
 from . import rehearse_cache
 from .installer import (
-    Installer,
-    PipSettings,
-    choose,
-    copied_note,
-    pip_config_list,
-    pip_settings,
-    uv_command,
+  Installer,
+  PipSettings,
+  choose,
+  copied_note,
+  pinned_versions,
+  pip_config_list,
+  pip_settings,
+  uv_command,
 )
 from .pip_messages import pip_failure, uv_failure
 from .rehearse_cache import ENV_DIR, shown
@@ -68,7 +68,6 @@ from .rehearse_plan import (
 )
 from .rehearse_source import Source, location_digest
 
-_PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", re.M)  # uv pip compile's lines
 _UNSET_ENV = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX", "PIP_ROOT")
 
 
@@ -316,7 +315,7 @@ def pip_choices(env: Path, job: Job, names: Sequence[str]) -> tuple[dict[str, st
     job.steps.next(f"resolving {', '.join(names)} again (uv pip compile)")
     code, output = job.run(env, ["compile", "--quiet", "--no-header", "--no-annotate", "-c",
                                  str(constraints), str(requirements)])
-    picks = {normalise(m[1]): m[2] for m in _PINNED.finditer(output)}
+    picks = pinned_versions(output)
     if code:
       return {}, job.failure(output, plan.changes).removeprefix("rehearse: ")
     return {name: picks.get(name) for name in names}, None
