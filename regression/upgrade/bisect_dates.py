@@ -108,7 +108,8 @@ def date_walk(points: Sequence[dt.date], world: Resolver, run_step: RunStep,
   old, new = world(good_day), world(moved_day)
   found.exit_code = 1
   # The first moved day's set may have been judged from a day checked with the same set.
-  found.moved = next((s for s in reversed(found.steps) if world(s.release) == new), None)
+  found.moved = next((s for s in reversed(found.steps)
+                     if isinstance(s.release, dt.date) and world(s.release) == new), None)
   found.answer = (f"first moved: {moved_day}: {', '.join(date_plan.changes(old, new))} "
                   f"(last good: {good_day})")
   if halving.unsure():
