@@ -124,7 +124,7 @@ def split_callable(obj: Any, kwargs: Mapping[str, Any] | None = None,
       given as keyword arguments, traced under ``jax.jit``).
     observe: for a module, a context manager factory entered around each call of the merged
       copy, given that copy and the call's inputs (the fixture records the submodules' calls
-      of the jit trace with :func:`~nnx_pool.regression.fixture.model_state.capture`,
+      of the jit trace with :func:`~nnx_pool.regression.fixture.model_state.captured_in`,
       instead of tracing them again).
 
   Returns:

@@ -26,7 +26,7 @@ from .. import store
 from ..compare.tolerance import policy_table
 from ..constants import PARTIAL_NOTE
 from ..report import Report, Row, recorded_label
-from ..stamp import SHIPPED, collect_stamp, git_revision, source_checkout, stamp_rows
+from ..stamp import SHIPPED, collect_stamp, git_revision, labelled_changes, source_checkout
 from ..store import Baseline, BaselineError
 from .baseline import KIND, Progress, case_arrays, case_label, declaration_changes, is_input, load
 from .declare import Case, matches, select, selects_none
@@ -96,9 +96,8 @@ def record(
   stamp = collect_stamp()
   report.stamp = stamp
   if pattern and old is not None:
-    moved = [f"{label} {before} -> {after}" for label, before, after, changed
-             in stamp_rows(old.manifest["stamp"], stamp)
-             if changed and not label.startswith("git ")]
+    moved = [line for label, line in labelled_changes(old.manifest["stamp"], stamp)
+             if not label.startswith("git ")]
     if moved:
       report.exit_code, report.error = 2, (
           f"record -k: baseline {out} was recorded in another environment ({', '.join(moved)}); "
