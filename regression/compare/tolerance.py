@@ -125,7 +125,6 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
 Role = Literal["output", "indices", "grad_input", "grad_params"]
@@ -294,7 +293,7 @@ def dtype_name(dtype) -> str:
 def is_float(dtype) -> bool:
   """Whether ``dtype`` is a floating dtype (including bfloat16 and float16)."""
   dt = np.dtype(dtype)
-  return np.issubdtype(dt, np.floating) or dt == np.dtype(ml_dtypes.bfloat16)
+  return np.issubdtype(dt, np.floating) or dt.name == "bfloat16"
 
 
 def _rtol(family: str, dtype, *, grad: bool) -> float:
@@ -306,8 +305,16 @@ def _rtol(family: str, dtype, *, grad: bool) -> float:
   return min(_GRADIENT_FACTOR * forward, _JAX_GRADIENT[i]) if grad else forward
 
 
+def _finfo(dtype):
+  """``ml_dtypes.finfo``, imported on first use: importing ml_dtypes costs 0.5 s (``-X
+  importtime``), which ``launch`` and ``--help`` need not pay (a JAX process has it already)."""
+  import ml_dtypes
+
+  return ml_dtypes.finfo(np.dtype(dtype))
+
+
 def _tiny(dtype) -> float:
-  return float(ml_dtypes.finfo(np.dtype(dtype)).tiny)
+  return float(_finfo(dtype).tiny)
 
 
 def tolerance_for(
@@ -386,7 +393,7 @@ def scale_ulps(dtype, *, grad: bool) -> tuple[int, bool]:
 def _scaled_atol(cap: float, ulps: int, scale: float, dtype, reason: str
                  ) -> tuple[float, str, float]:
   """``(atol, reason, scale)`` of an array of the given scale: see the module docstring."""
-  eps = float(ml_dtypes.finfo(np.dtype(dtype)).eps)
+  eps = float(_finfo(dtype).eps)
   if not scale >= _tiny(dtype):  # 0, subnormal (or NaN: no finite element)
     atol = ulps * eps * _tiny(dtype)
     return atol, (f"{reason}; atol floored at {ulps} eps x the smallest normal "
