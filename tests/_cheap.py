@@ -13,7 +13,6 @@ would read as a third-party distribution to tests/test_dependencies.py.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -32,9 +31,15 @@ def build(cls, *args, seed: int = 0, stats: tuple[float, float] | None = None, *
   graphdef, params, rest = nnx.split(
       nnx.eval_shape(lambda: cls(*args, rngs=nnx.Rngs(0), **kwargs)), nnx.Param, ...)
   rng = np.random.default_rng(seed)
-  params = jax.tree.map(lambda s: jnp.asarray(rng.uniform(-1, 1, s.shape), s.dtype), params)
+  # Cast by NumPy and placed as they are: jnp.asarray(float64, float32) and jnp.ones compile
+  # a conversion or a broadcast for every new shape.
+  params = jax.tree.map(lambda s: _put(rng.uniform(-1, 1, s.shape), s.dtype), params)
   if stats is None:
-    rest = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), rest)
+    rest = jax.tree.map(lambda s: _put(np.ones(s.shape), s.dtype), rest)
   else:
-    rest = jax.tree.map(lambda s: jnp.asarray(rng.uniform(*stats, s.shape), s.dtype), rest)
+    rest = jax.tree.map(lambda s: _put(rng.uniform(*stats, s.shape), s.dtype), rest)
   return nnx.merge(graphdef, params, rest)
+
+
+def _put(values: np.ndarray, dtype) -> jax.Array:
+  return jax.device_put(values.astype(np.dtype(dtype)))
