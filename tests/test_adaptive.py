@@ -24,6 +24,13 @@ def line(values):
   return jnp.asarray(values, jnp.float32)[None, :, None]
 
 
+def jitted(fn, *args):
+  """``fn(*args)`` as one compiled program. Called eagerly, a module also compiles each
+  layout step (batch axes, reshapes) as a program of its own; eager calls equal jitted
+  ones on every path (test_adaptivepools_eager_equals_jit_and_gradients_finite)."""
+  return jax.jit(fn)(*args)
+
+
 # ----------------------------------------------------------------------------
 # Adaptive pools: explicit vectors.
 # ----------------------------------------------------------------------------
@@ -39,9 +46,10 @@ def test_adaptiveavgpool_pytorch_bins_not_equinox():
 
 def test_adaptivepool_overlapping_bins_1d():
   # Hand computation: 5 cells to 3 bins [0,2) [1,4) [3,5) over [0, 1, 2, 3, 4].
-  x = line(np.arange(5))
-  np.testing.assert_array_equal(AdaptiveAvgPool((3,))(x)[0, :, 0], [0.5, 2.0, 3.5])
-  values, indices = AdaptiveMaxPool((3,), return_indices=True)(x)
+  avg, (values, indices) = jitted(
+      lambda x: (AdaptiveAvgPool((3,))(x), AdaptiveMaxPool((3,), return_indices=True)(x)),
+      line(np.arange(5)))
+  np.testing.assert_array_equal(avg[0, :, 0], [0.5, 2.0, 3.5])
   np.testing.assert_array_equal(values[0, :, 0], [1.0, 3.0, 4.0])
   np.testing.assert_array_equal(indices[0, :, 0], [1, 3, 4])
   assert indices.dtype == jnp.int32
@@ -50,28 +58,32 @@ def test_adaptivepool_overlapping_bins_1d():
 def test_adaptivepool_2d_hand_computed():
   # Hand computation: arange(9) as 3x3 to 2x2; rows and columns both bin to [0,2) [1,3),
   # so the boxes are {0,1,3,4}, {1,2,4,5}, {3,4,6,7}, {4,5,7,8}.
-  x = jnp.arange(9.0).reshape(1, 3, 3, 1)
-  np.testing.assert_array_equal(AdaptiveAvgPool(2)(x)[0, ..., 0], [[2.0, 3.0], [5.0, 6.0]])
-  values, indices = AdaptiveMaxPool(2, return_indices=True)(x)
+  avg, (values, indices) = jitted(
+      lambda x: (AdaptiveAvgPool(2)(x), AdaptiveMaxPool(2, return_indices=True)(x)),
+      jnp.arange(9.0).reshape(1, 3, 3, 1))
+  np.testing.assert_array_equal(avg[0, ..., 0], [[2.0, 3.0], [5.0, 6.0]])
   np.testing.assert_array_equal(values[0, ..., 0], [[4.0, 5.0], [7.0, 8.0]])
   np.testing.assert_array_equal(indices[0, ..., 0], [[4, 5], [7, 8]])
 
 
 def test_adaptivepool_output_larger_than_input_and_none():
   # Hand computation: 2 cells to 3 bins [0,1) [0,2) [1,2): [2, 6] -> [2, 4, 6].
-  np.testing.assert_array_equal(AdaptiveAvgPool((3,))(line([2, 6]))[0, :, 0], [2.0, 4.0, 6.0])
   # None keeps a dim: arange(6) as 2x3 to (None, 1) gives the row means [1, 4].
-  y = AdaptiveAvgPool((None, 1))(jnp.arange(6.0).reshape(1, 2, 3, 1))
+  larger, y = jitted(lambda a, b: (AdaptiveAvgPool((3,))(a), AdaptiveAvgPool((None, 1))(b)),
+                     line([2, 6]), jnp.arange(6.0).reshape(1, 2, 3, 1))
+  np.testing.assert_array_equal(larger[0, :, 0], [2.0, 4.0, 6.0])
   np.testing.assert_array_equal(y[0, :, :, 0], [[1.0], [4.0]])
 
 
 def test_adaptivemaxpool_ties_first_and_nan_last():
   # Hand computation of PyTorch's scan (val > max or isnan(val)): 4 cells to bins
   # [0,2) [1,3) [2,4). On [5, 5, 1, 5] the first 5 of each bin wins: cells 0, 1, 3.
-  _, indices = AdaptiveMaxPool((3,), return_indices=True)(line([5, 5, 1, 5]))
-  np.testing.assert_array_equal(indices[0, :, 0], [0, 1, 3])
   # On [nan, 1, nan, 2] to one bin the last NaN (cell 2) wins.
-  values, indices = AdaptiveMaxPool((1,), return_indices=True)(line([np.nan, 1, np.nan, 2]))
+  (_, ties), (values, indices) = jitted(
+      lambda a, b: (AdaptiveMaxPool((3,), return_indices=True)(a),
+                    AdaptiveMaxPool((1,), return_indices=True)(b)),
+      line([5, 5, 1, 5]), line([np.nan, 1, np.nan, 2]))
+  np.testing.assert_array_equal(ties[0, :, 0], [0, 1, 3])
   assert np.isnan(values[0, 0, 0]) and indices[0, 0, 0] == 2
 
 
@@ -79,8 +91,9 @@ def test_adaptivemaxpool_3d_flat_index():
   # Hand computation: a single 1 at (d, h, w) = (1, 2, 3) of a 2x3x4 volume has the flat
   # per-plane index (1 * 3 + 2) * 4 + 3 = 23; bins (1, 2, 2) = [0,2) x {[0,2),[1,3)} x
   # {[0,2),[2,4)} put it in output (0, 1, 1) only.
-  x = jnp.zeros((1, 2, 3, 4, 1)).at[0, 1, 2, 3, 0].set(1.0)
-  values, indices = AdaptiveMaxPool((1, 2, 2), return_indices=True)(x)
+  x = np.zeros((1, 2, 3, 4, 1), np.float32)
+  x[0, 1, 2, 3, 0] = 1.0
+  values, indices = jitted(AdaptiveMaxPool((1, 2, 2), return_indices=True), x)
   np.testing.assert_array_equal(values[0, 0, ..., 0], [[0.0, 0.0], [0.0, 1.0]])
   assert indices[0, 0, 1, 1, 0] == 23
 
@@ -110,8 +123,9 @@ def test_adaptiveavgpool_bfloat16_sums_in_float32():
 
 def test_adaptivepool_unbatched_equals_batched():
   x = np.random.default_rng(1).standard_normal((7, 5, 3)).astype(np.float32)
-  for pool in (AdaptiveAvgPool((3, 2)), AdaptiveMaxPool((3, 2)), GlobalAvgPool()):
-    np.testing.assert_array_equal(pool(x), pool(x[None])[0])
+  pools = (AdaptiveAvgPool((3, 2)), AdaptiveMaxPool((3, 2)), GlobalAvgPool())
+  for single, batched in jitted(lambda x: [(p(x), p(x[None])) for p in pools], x):
+    np.testing.assert_array_equal(single, batched[0])
 
 
 def test_adaptivepool_matches_numpy_mirror_on_every_path():
@@ -120,12 +134,15 @@ def test_adaptivepool_matches_numpy_mirror_on_every_path():
   # gather path (not divisible). The mirror divides once by the cell count while PyTorch
   # (and we) divide per dim, hence one ULP of tolerance on averages.
   rng = np.random.default_rng(2)
-  for spatial, out in [((6, 5), (1, 1)), ((8, 6), (4, 3)), ((18, 9), (2, 1)), ((7, 5), (3, 4))]:
-    x = rng.integers(-4, 5, (2, *spatial, 3)).astype(np.float32)
+  outs = [(1, 1), (4, 3), (2, 1), (3, 4)]
+  xs = [rng.integers(-4, 5, (2, *spatial, 3)).astype(np.float32)
+        for spatial in [(6, 5), (8, 6), (18, 9), (7, 5)]]
+  for x in xs:
     x[0, 0, 0, 0] = np.nan
-    np.testing.assert_allclose(
-        AdaptiveAvgPool(out)(x), reference.adaptive_avg_pool(x, out), rtol=2e-7)
-    values, indices = AdaptiveMaxPool(out, return_indices=True)(x)
+  got = jitted(lambda xs: [(AdaptiveAvgPool(out)(x), AdaptiveMaxPool(out, return_indices=True)(x))
+                           for out, x in zip(outs, xs, strict=True)], xs)
+  for out, x, (avg, (values, indices)) in zip(outs, xs, got, strict=True):
+    np.testing.assert_allclose(avg, reference.adaptive_avg_pool(x, out), rtol=2e-7)
     ref_values, ref_indices = reference.adaptive_max_pool(x, out)
     np.testing.assert_array_equal(values, ref_values)
     np.testing.assert_array_equal(indices, ref_indices)
@@ -153,13 +170,15 @@ def test_adaptivemaxpool_gradient_lands_on_index_cell():
   # cells 0, 1, 3; output gradients 1, 2, 3 land there and nowhere else.
   x = line([5, 5, 1, 5, 0])
   pool = AdaptiveMaxPool((3,), return_indices=True)
-  _, indices = pool(x)
-  np.testing.assert_array_equal(indices[0, :, 0], [0, 1, 3])
   g = jnp.array([1.0, 2.0, 3.0])[None, :, None]
-  grad = jax.grad(lambda a: (pool(a)[0] * g).sum())(x)
+
+  def run(x):  # forward mode agrees
+    return (pool(x)[1], jax.grad(lambda a: (pool(a)[0] * g).sum())(x),
+            jax.jvp(lambda a: pool(a)[0], (x,), (jnp.arange(5.0)[None, :, None],))[1])
+
+  indices, grad, tangent = jitted(run, x)
+  np.testing.assert_array_equal(indices[0, :, 0], [0, 1, 3])
   np.testing.assert_array_equal(grad[0, :, 0], [1.0, 2.0, 0.0, 3.0, 0.0])
-  # Forward mode agrees.
-  tangent = jax.jvp(lambda a: pool(a)[0], (x,), (jnp.arange(5.0)[None, :, None],))[1]
   np.testing.assert_array_equal(tangent[0, :, 0], [0.0, 1.0, 3.0])
 
 
@@ -208,18 +227,22 @@ def test_selectadaptivepool_types_hand_computed():
   # Hand computation on one 2x2 plane [[1, 2], [3, 6]]: avg 3, max 6, avgmax 4.5.
   x = jnp.array([[1.0, 2.0], [3.0, 6.0]])[None, :, :, None]
   expected = {"avg": [3.0], "max": [6.0], "avgmax": [4.5], "catavgmax": [3.0, 6.0]}
+  pools = {t: SelectAdaptivePool(pool_type=t, flatten=True) for t in expected}
+  got = jitted(lambda x: {t: pool(x) for t, pool in pools.items()}, x)
   for pool_type, want in expected.items():
-    pool = SelectAdaptivePool(pool_type=pool_type, flatten=True)
-    np.testing.assert_array_equal(pool(x), [want])
-    assert pool.feat_mult() == len(want)
+    np.testing.assert_array_equal(got[pool_type], [want])
+    assert pools[pool_type].feat_mult() == len(want)
 
 
 def test_selectadaptivepool_shapes_and_flatten():
-  x = jnp.ones((2, 6, 6, 5))
-  assert SelectAdaptivePool()(x).shape == (2, 1, 1, 5)
-  assert SelectAdaptivePool(pool_type="catavgmax")(x).shape == (2, 1, 1, 10)
-  assert SelectAdaptivePool(3, pool_type="catavgmax", flatten=True)(x).shape == (2, 90)
-  assert SelectAdaptivePool(flatten=True)(x[0]).shape == (5,)
+  # Shapes are fixed when the call is traced: eval_shape traces it, and compiles nothing.
+  x = jax.ShapeDtypeStruct((2, 6, 6, 5), jnp.float32)
+  assert jax.eval_shape(SelectAdaptivePool(), x).shape == (2, 1, 1, 5)
+  assert jax.eval_shape(SelectAdaptivePool(pool_type="catavgmax"), x).shape == (2, 1, 1, 10)
+  assert jax.eval_shape(SelectAdaptivePool(3, pool_type="catavgmax", flatten=True),
+                        x).shape == (2, 90)
+  unbatched = jax.ShapeDtypeStruct((6, 6, 5), jnp.float32)
+  assert jax.eval_shape(SelectAdaptivePool(flatten=True), unbatched).shape == (5,)
 
 
 # ----------------------------------------------------------------------------

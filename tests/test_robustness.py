@@ -680,20 +680,22 @@ def test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape(name, w
   if name in _GATES and where == "channels":
     pytest.skip("a gate's channel count is its in_features, which must be positive")
   shape = (0, 4, 4, 4) if where == "batch" else (2, 4, 4, 0)
+  # Run under one nnx.jit (_jitted): eagerly, each layout step compiled on its own.
   if name == "AttentionPoolLatent":  # tokens (N, L, C): an empty batch of 16 tokens
-    out = build(AttentionPoolLatent, 4, num_heads=2)(jnp.zeros((0, 16, 4)))
+    out = _jitted(build(AttentionPoolLatent, 4, num_heads=2), jnp.zeros((0, 16, 4)))
     assert out.shape == (0, 4)
     return
   x = jnp.zeros(shape, jnp.float32)
   module = factory(**{arg: values[0] for arg, values in valid.items()})
   if name == "MaxUnpool":
-    out = module(x, jnp.zeros(shape, jnp.int32))
+    out = nnx.jit(lambda m, v, i: m(v, i))(module, x, jnp.zeros(shape, jnp.int32))
     expected = (shape[0], 8, 8, shape[-1])
   else:
     if name == "FractionalMaxPool":  # PyTorch's _random_samples: (N, C, 2)
-      out = module(x, samples=np.full((shape[0], shape[-1], 2), 0.5, np.float32))
+      samples = np.full((shape[0], shape[-1], 2), 0.5, np.float32)
+      out = nnx.jit(lambda m, v, s: m(v, samples=s))(module, x, samples)
     else:
-      out = module(x)
+      out = _jitted(module, x)
     out = jax.tree.leaves(out)[0]
     expected = {  # hand: what each module does to a (N, 4, 4, C) map
         "AvgPool": (2, 2), "MaxPool": (2, 2), "MinPool": (2, 2), "LPPool": (2, 2),
