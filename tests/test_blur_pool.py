@@ -24,6 +24,12 @@ from nnx_pool._blur import BlurPool, binomial_filter, blur_pool
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 
 
+def _zeros(shape, dtype=np.float32):
+  """``jnp.zeros(shape, dtype)`` put on the device from NumPy: jnp.zeros compiles a program
+  for each new shape, only to build the input that a refusal or the layout guard reads."""
+  return jax.device_put(np.zeros(shape, dtype))
+
+
 def _timm_blur(torch, x, filt_size, stride, pad_mode):
   """timm 1.0.31 BlurPool2d(channels=None, filt_size, stride, pad_mode).forward, N-D.
 
@@ -252,7 +258,7 @@ def test_half_inputs_are_blurred_in_float32_and_rounded_once(half_blurred, dtype
 
 def test_nchw_guard():
   with pytest.raises(ValueError, match=re.escape("use jnp.moveaxis(x, 1, -1)")):
-    BlurPool(in_features=3)(jnp.zeros((2, 3, 16, 16)))
+    BlurPool(in_features=3)(_zeros((2, 3, 16, 16)))
   with pytest.warns(ChannelsFirstWarning):  # at trace time: traced alone, nothing compiled
     jax.eval_shape(BlurPool(), jax.ShapeDtypeStruct((2, 3, 16, 16), jnp.float32))
 
@@ -287,31 +293,31 @@ def test_nchw_guard():
      "instead."),
     (lambda: BlurPool(channels=8), TypeError,
      "BlurPool takes `in_features` (Flax's name), not `channels` (timm's)"),
-    (lambda: BlurPool(5, 2)(jnp.zeros((1, 2, 8, 1))), ValueError,
+    (lambda: BlurPool(5, 2)(_zeros((1, 2, 8, 1))), ValueError,
      "BlurPool: reflect padding must be shorter than the dim it pads (PyTorch's F.pad rule: "
      "it mirrors the dim without its edge); spatial dim 0 has length 2 and padding (2, 2). "
      "Use an input at least 3 long there, or less padding."),
-    (lambda: blur_pool(jnp.zeros((1, 8, 2, 1)), 5, 3, pad_mode="circular"), ValueError,
+    (lambda: blur_pool(_zeros((1, 8, 2, 1)), 5, 3, pad_mode="circular"), ValueError,
      "blur_pool: circular padding must be at most the length of the dim it pads (PyTorch's "
      "F.pad rule: it would wrap around more than once); spatial dim 1 has length 2 and "
      "padding (3, 3). Use an input at least 3 long there, or less padding."),
-    (lambda: blur_pool(jnp.zeros((1, 1, 8, 1)), 4, 1, pad_mode="constant"), ValueError,
+    (lambda: blur_pool(_zeros((1, 1, 8, 1)), 4, 1, pad_mode="constant"), ValueError,
      "blur_pool: filter_size 4 does not fit spatial dim 0 of length 1 padded by (1, 1) "
      "(timm's get_padding); use an input at least 2 long there, or a smaller filter."),
-    (lambda: BlurPool()(jnp.zeros((1, 8, 8, 1), jnp.int32)), TypeError,
+    (lambda: BlurPool()(_zeros((1, 8, 8, 1), jnp.int32)), TypeError,
      "BlurPool: `inputs` has dtype int32, but this pooling needs a floating dtype"),
-    (lambda: BlurPool()(jnp.zeros((1, 0, 8, 1))), ValueError,
+    (lambda: BlurPool()(_zeros((1, 0, 8, 1))), ValueError,
      "BlurPool: `inputs` needs non-empty spatial dims"),
     # Issue 30: XLA aborted the interpreter on these ("overflow in static extent product",
     # exit 134); timm's padding is (10**9 - 1 + 2) // 2 = 500000000 a side.
-    (lambda: BlurPool(3, strides=10**9, pad_mode="constant")(jnp.zeros((2, 8, 8, 16))),
+    (lambda: BlurPool(3, strides=10**9, pad_mode="constant")(_zeros((2, 8, 8, 16))),
      ValueError,
      "BlurPool: the input of shape (2, 8, 8, 16) padded to (2, 1000000008, 1000000008, 16) "
      "would be an array of 32000000512000002048 elements, more than the 2**60 that XLA can "
      "size (an int64 count of bytes, up to 8 an element); XLA would abort the interpreter. "
      "timm's padding grows with the stride, ((strides - 1) + (filter_size - 1)) // 2 a side, "
      "here (500000000, 500000000): use smaller `strides`."),
-    (lambda: blur_pool(jnp.zeros((8, 16)), 3, 10**18, pad_mode="replicate",
+    (lambda: blur_pool(_zeros((8, 16)), 3, 10**18, pad_mode="replicate",
                        num_spatial_dims=1), ValueError,
      "blur_pool: the input of shape (1, 8, 16) padded to (1, 1000000000000000008, 16)"),
 ])

@@ -23,6 +23,12 @@ from nnx_pool._median import MedianPool, median_pool
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 
 
+def _zeros(shape, dtype=np.float32):
+  """``jnp.zeros(shape, dtype)`` put on the device from NumPy: jnp.zeros compiles a program
+  for each new shape, only to build the input that a refusal or the layout guard reads."""
+  return jax.device_put(np.zeros(shape, dtype))
+
+
 def _timm_median(torch, x, kernel_size, stride, padding, same):
   """timm 1.0.31 MedianPool2d(kernel_size, stride, padding, same).forward, verbatim but for
   the tuples (``to_2tuple``, ``to_4tuple``) written out by the caller."""
@@ -205,7 +211,7 @@ def test_batch_axes_vmap_forward_mode_and_bfloat16():
 
 def test_nchw_guard():
   with pytest.raises(ValueError, match=re.escape("use jnp.moveaxis(x, 1, -1)")):
-    MedianPool(in_features=3)(jnp.zeros((2, 3, 16, 16)))
+    MedianPool(in_features=3)(_zeros((2, 3, 16, 16)))
   with pytest.warns(ChannelsFirstWarning):  # at trace time: traced alone, nothing compiled
     jax.eval_shape(MedianPool(), jax.ShapeDtypeStruct((2, 3, 16, 16), jnp.float32))
 
@@ -235,15 +241,15 @@ def test_nchw_guard():
      "`strides` (1, 1, 1) has 3 entries, but `window_shape` (3, 3) sets 2 spatial dim(s)"),
     (lambda: MedianPool(kernel_size=3), TypeError,
      "MedianPool takes `window_shape` (Flax's name), not `kernel_size` (PyTorch's)"),
-    (lambda: MedianPool(3, 1, 2)(jnp.zeros((1, 2, 8, 1))), ValueError,
+    (lambda: MedianPool(3, 1, 2)(_zeros((1, 2, 8, 1))), ValueError,
      "MedianPool: reflect padding must be shorter than the dim it pads (PyTorch's F.pad rule: "
      "it mirrors the dim without its edge); spatial dim 0 has length 2 and padding (2, 2). Use "
      "an input at least 3 long there, or less padding."),
-    (lambda: median_pool(jnp.zeros((1, 2, 8, 1)), 3), ValueError,
+    (lambda: median_pool(_zeros((1, 2, 8, 1)), 3), ValueError,
      "median_pool: window 3 does not fit spatial dim 0 of length 2 padded by (0, 0); "
      "PyTorch's unfold keeps whole windows only. Use a window of at most 2 there, more "
      "padding (less than 2 on a side), or same=True."),
-    (lambda: MedianPool()(jnp.zeros((1, 4, 4, 1), bool)), TypeError,
+    (lambda: MedianPool()(_zeros((1, 4, 4, 1), bool)), TypeError,
      "MedianPool: `inputs` has dtype bool; cast it first"),
 ])
 def test_refusals(call, error, message):
