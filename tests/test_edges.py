@@ -112,7 +112,8 @@ def test_mut_window_sum_grad_dilated_tiling_geometry():
   from nnx_pool._separable import window_sum
   # k3 s3 d2 over L=9: out 2, taps {0, 2, 4} and {3, 5, 7}; per-dim hit counts below.
   geom = Window.create((3, 3), 3, dilation=2).resolve((9, 9))
-  g = jax.jit(jax.grad(lambda v: window_sum(v, geom).sum()))(jnp.ones((1, 9, 9, 1)))[0, :, :, 0]
+  x = np.ones((1, 9, 9, 1), np.float32)
+  g = jax.jit(jax.grad(lambda v: window_sum(v, geom).sum()))(x)[0, :, :, 0]
   hits = np.array([1, 0, 1, 1, 1, 1, 0, 1, 0], np.float32)
   np.testing.assert_array_equal(g, np.outer(hits, hits))
 

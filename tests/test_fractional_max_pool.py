@@ -285,7 +285,8 @@ def test_batch_axes_vmap_jvp_and_bfloat16():
 
 def test_nchw_guard():
   with pytest.raises(ValueError, match=re.escape("use jnp.moveaxis(x, 1, -1)")):
-    FractionalMaxPool(2, 4, in_features=3)(jnp.zeros((2, 3, 16, 16)), samples=np.zeros((2, 16, 2)))
+    FractionalMaxPool(2, 4, in_features=3)(np.zeros((2, 3, 16, 16), np.float32),
+                                           samples=np.zeros((2, 16, 2)))
   with pytest.warns(ChannelsFirstWarning):  # at trace time: traced alone, nothing compiled
     jax.eval_shape(lambda x: FractionalMaxPool(2, (2, 4))(x, samples=np.zeros((2, 16, 2))),
                    jax.ShapeDtypeStruct((2, 3, 16, 16), jnp.float32))

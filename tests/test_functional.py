@@ -294,7 +294,7 @@ def test_output_shape_same_unbatched_and_errors():
 def test_each_kernel_runs_under_a_named_scope():
   # jax.named_scope puts "nnx_pool.<kernel>" into the op metadata that profilers show: the
   # kernel each call runs (its one jit), and within it the window sum or select.
-  x = jnp.ones((1, 8, 8, 2))
+  x = jax.ShapeDtypeStruct((1, 8, 8, 2), jnp.float32)  # lowered from shapes: no input built
 
   def loss(v):
     pooled = F.max_pool(v, 3, 2, 1, return_indices=True)[0]
@@ -337,7 +337,8 @@ def test_only_a_split_spatial_dim_runs_a_kernel_on_auto_axes():
   assert spec_of(None, None, None, ("a", "b")) is None
   assert spec_of(None, "a", None, None) == PartitionSpec(None, "a", None, None)
   assert spec_of("a", None, "b") == PartitionSpec("a", None, "b", None)
-  assert _explicit_spatial_spec(jnp.zeros((2, 4, 4, 3))) is None  # not sharded
+  # not sharded (zeros from NumPy: jnp.zeros would compile a program for the shape)
+  assert _explicit_spatial_spec(jax.device_put(np.zeros((2, 4, 4, 3), np.float32))) is None
 
 
 # ----------------------------------------------------------------------------
@@ -349,7 +350,7 @@ def test_only_a_split_spatial_dim_runs_a_kernel_on_auto_axes():
 def test_an_omitted_stride_is_refused_naming_both_conventions(name):
   # Swapping nnx.avg_pool(x, (2, 2)) (stride 1: (1, 3, 3, 1)) for F.avg_pool(x, (2, 2)) would
   # silently give (1, 2, 2, 1) if strides defaulted to the window.
-  x = jnp.ones((1, 4, 4, 1))
+  x = jax.device_put(np.ones((1, 4, 4, 1), np.float32))  # refused: only its shape matters
   module = {"avg_pool": "AvgPool", "max_pool": "MaxPool", "min_pool": "MinPool"}[name]
   for call, got in ((lambda: getattr(F, name)(x, (2, 2)), "was omitted"),
                     (lambda: getattr(F, name)(x, window_shape=(2, 2)), "was omitted"),

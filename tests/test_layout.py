@@ -154,7 +154,7 @@ def test_several_batch_axes_gate_each_example():
 def test_a_rank_that_fits_no_reading_is_refused():
   with pytest.raises(ValueError, match=r"rank 3 or more; got shape \(8, 4\) \(rank 2\)\. .*"
                                        r"For this shape set num_spatial_dims=1"):
-    MaxPool(2)(jnp.ones((8, 4)))
+    MaxPool(2)(jax.device_put(np.ones((8, 4), np.float32)))  # refused from its shape
 
 
 # ----------------------------------------------------------------------------
