@@ -119,7 +119,8 @@ def test_several_batch_axes_and_unbatched():
   x = _random((2, 3, 4, 5, 3), seed=4)  # (B1, B2, H, W, C)
   flat = x.reshape(6, 4, 5, 3)
   modules = (GeMPool(), LsePlusPool(), GeMPool(flatten=False), LsePlusPool(flatten=False))
-  # All four modules in one program (four programs: 1.25 s of pytest time, one: 0.84 s).
+  # All four modules in one program (four programs: 1.25 s, one: 0.84 s; pytest --durations,
+  # this file alone on 2 cores).
   outs = nnx.jit(lambda ms, a, b, c: [(m(a), m(b), m(c)) for m in ms])(modules, x, flat, x[0, 0])
   for module, (y, y_flat, y_one) in zip(modules, outs, strict=True):
     assert y.shape == (2, 3, 3) if module.flatten else (2, 3, 1, 1, 3)
