@@ -24,6 +24,12 @@ from nnx_pool._blur import BlurPool, binomial_filter, blur_pool
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
 
 
+def _zeros(shape, dtype=np.float32):
+  """``jnp.zeros(shape, dtype)`` put on the device from NumPy: jnp.zeros compiles a program
+  for each new shape, only to build the input that a refusal or the layout guard reads."""
+  return jax.device_put(np.zeros(shape, dtype))
+
+
 def _timm_blur(torch, x, filt_size, stride, pad_mode):
   """timm 1.0.31 BlurPool2d(channels=None, filt_size, stride, pad_mode).forward, N-D.
 
@@ -57,17 +63,18 @@ def test_blur_of_an_impulse_is_the_binomial_filter():
   # C(n-1, k) / 2^(n-1): [1, 2, 1] / 4 and [1, 4, 6, 4, 1] / 16, outer products in 2-D. At
   # stride 1 with zero padding (get_padding(3, 1) = 1, (5, 1) = 2) the output keeps the
   # size, and an impulse of 16 (256) gives the filter scaled to integers.
-  x3 = np.zeros((1, 5, 5, 1), np.float32)
-  x3[0, 2, 2, 0] = 16.0
-  np.testing.assert_array_equal(blur_pool(x3, 3, 1, pad_mode="constant")[0, ..., 0], [
+  x = np.zeros((1, 5, 5, 1), np.float32)
+  x[0, 2, 2, 0] = 1.0
+  # Both filters in one jitted program (eager, each op compiles alone).
+  blur3, blur5 = jax.jit(lambda x: (blur_pool(16 * x, 3, 1, pad_mode="constant"),
+                                    blur_pool(256 * x, 5, 1, pad_mode="constant")))(x)
+  np.testing.assert_array_equal(blur3[0, ..., 0], [
       [0, 0, 0, 0, 0],
       [0, 1, 2, 1, 0],
       [0, 2, 4, 2, 0],
       [0, 1, 2, 1, 0],
       [0, 0, 0, 0, 0]])
-  x5 = np.zeros((1, 5, 5, 1), np.float32)
-  x5[0, 2, 2, 0] = 256.0
-  np.testing.assert_array_equal(blur_pool(x5, 5, 1, pad_mode="constant")[0, ..., 0], [
+  np.testing.assert_array_equal(blur5[0, ..., 0], [
       [1, 4, 6, 4, 1],
       [4, 16, 24, 16, 4],
       [6, 24, 36, 24, 6],
@@ -82,10 +89,16 @@ def test_long_filters_are_the_exact_binomials_rounded_to_float32():
   # blurs to the filter: output q is c[k - 1 - q] = c[q] (k - 1 outputs for an even k).
   # Expected: the closed form C(k-1, j) / 2^(k-1), exact in Python integers, rounded to
   # float64 and then float32 (hand computation, no float32 arithmetic on the way).
+  impulses = []
   for k in (129, 200):
     x = np.zeros((1, k, 1), np.float32)
     x[0, k // 2, 0] = 1.0
-    got = np.asarray(blur_pool(x, k, 1, pad_mode="constant", num_spatial_dims=1))[0, :, 0]
+    impulses.append(x)
+  # Both lengths in one jitted program (eager, each of the k taps' ops compiles alone).
+  blurred = jax.jit(lambda xs: [blur_pool(x, x.shape[1], 1, pad_mode="constant",
+                                          num_spatial_dims=1) for x in xs])(impulses)
+  for k, y in zip((129, 200), blurred, strict=True):
+    got = np.asarray(y)[0, :, 0]
     want = np.array([math.comb(k - 1, j) / 2 ** (k - 1) for j in range(k)]).astype(np.float32)
     assert np.array_equal(np.array(binomial_filter(k), np.float32), want)
     # XLA:CPU flushes float32 subnormals (below 2**-126, the outermost taps) to zero.
@@ -104,6 +117,15 @@ def test_binomial_filter_is_timms_for_every_size_timm_builds():
     assert np.array_equal(np.array(binomial_filter(k), np.float32), timm), k
 
 
+@pytest.fixture(scope="module")
+def pad_modes_blurred():
+  """[1, 2, 3, 4] blurred by [1, 2, 1] / 4 at stride 1 in each pad mode, in one program."""
+  x = np.array([1.0, 2.0, 3.0, 4.0], np.float32).reshape(1, 4, 1)
+  modes = ("reflect", "replicate", "circular", "constant")
+  outs = jax.jit(lambda x: [BlurPool(3, 1, pad_mode=m, num_spatial_dims=1)(x) for m in modes])(x)
+  return x, dict(zip(modes, outs, strict=True))
+
+
 @pytest.mark.parametrize(("pad_mode", "expected"), [
     # x = [1, 2, 3, 4], filter [1, 2, 1] / 4, stride 1, one cell of padding each side:
     ("reflect", [1.5, 2.0, 3.0, 3.5]),  # [2 | 1 2 3 4 | 3]: (2+2+2)/4, (1+4+3)/4, ...
@@ -111,10 +133,9 @@ def test_binomial_filter_is_timms_for_every_size_timm_builds():
     ("circular", [2.0, 2.0, 3.0, 3.0]),  # [4 | 1 2 3 4 | 1]: (4+2+2)/4, ..., (3+8+1)/4
     ("constant", [1.0, 2.0, 3.0, 2.75]),  # [0 | 1 2 3 4 | 0]: (0+2+2)/4, ..., (3+8+0)/4
 ])
-def test_pad_modes_by_hand(pad_mode, expected):
-  x = np.array([1.0, 2.0, 3.0, 4.0], np.float32).reshape(1, 4, 1)
-  np.testing.assert_array_equal(
-      BlurPool(3, 1, pad_mode=pad_mode, num_spatial_dims=1)(x)[0, :, 0], expected)
+def test_pad_modes_by_hand(pad_modes_blurred, pad_mode, expected):
+  x, blurred = pad_modes_blurred
+  np.testing.assert_array_equal(blurred[pad_mode][0, :, 0], expected)
   np.testing.assert_array_equal(reference.blur_pool(x, (3,), (1,), pad_mode)[0, :, 0], expected)
 
 
@@ -126,9 +147,10 @@ def test_default_is_reflect_stride_2_and_output_sizes_follow_timm():
   np.testing.assert_array_equal(BlurPool()(x)[0, ..., 0], [[2.5, 4.0], [8.5, 10.0]])
   # get_padding(k, s) on both sides: L = 6 gives 3 (k=3, s=2), 4 (k=4, s=2: pad 2,
   # (6 + 4 - 4) // 2 + 1), 5 (k=4, s=1: pad 1) and 3 (k=5, s=3: pad 3, (6 + 6 - 5) // 3 + 1).
-  x6 = np.zeros((1, 6, 6, 1), np.float32)
+  # Shapes only: traced (jax.eval_shape), nothing compiled.
+  x6 = jax.ShapeDtypeStruct((1, 6, 6, 1), jnp.float32)
   for k, s, out in [(3, 2, 3), (4, 2, 4), (4, 1, 5), (5, 3, 3)]:
-    assert BlurPool(k, s)(x6).shape == (1, out, out, 1), (k, s)
+    assert jax.eval_shape(BlurPool(k, s), x6).shape == (1, out, out, 1), (k, s)
 
 
 # ----------------------------------------------------------------------------
@@ -217,19 +239,28 @@ def test_batch_axes_vmap_and_forward_mode():
   np.testing.assert_allclose(np.sum(blurred_t * g), np.sum(t * grad), rtol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def half_blurred():
+  """BlurPool(5, 2) of each half input and of its float32 copy, all in one jitted program."""
+  x = np.random.default_rng(1).standard_normal((2, 8, 8, 3))
+  halves = {name: jnp.asarray(x, name) for name in ("bfloat16", "float16")}
+  pool = BlurPool(5, 2)
+  return jax.jit(lambda hs: {d: (pool(h), pool(h.astype(jnp.float32))) for d, h in hs.items()})(
+      halves)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_half_inputs_are_blurred_in_float32_and_rounded_once(dtype):
-  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 8, 8, 3)), dtype)
-  got = BlurPool(5, 2)(x)
+def test_half_inputs_are_blurred_in_float32_and_rounded_once(half_blurred, dtype):
+  got, wide = half_blurred[jnp.dtype(dtype).name]
   assert got.dtype == dtype
-  np.testing.assert_array_equal(got, BlurPool(5, 2)(x.astype(jnp.float32)).astype(dtype))
+  np.testing.assert_array_equal(got, wide.astype(dtype))
 
 
 def test_nchw_guard():
   with pytest.raises(ValueError, match=re.escape("use jnp.moveaxis(x, 1, -1)")):
-    BlurPool(in_features=3)(jnp.zeros((2, 3, 16, 16)))
-  with pytest.warns(ChannelsFirstWarning):
-    BlurPool()(jnp.zeros((2, 3, 16, 16)))
+    BlurPool(in_features=3)(_zeros((2, 3, 16, 16)))
+  with pytest.warns(ChannelsFirstWarning):  # at trace time: traced alone, nothing compiled
+    jax.eval_shape(BlurPool(), jax.ShapeDtypeStruct((2, 3, 16, 16), jnp.float32))
 
 
 # ----------------------------------------------------------------------------
@@ -262,31 +293,31 @@ def test_nchw_guard():
      "instead."),
     (lambda: BlurPool(channels=8), TypeError,
      "BlurPool takes `in_features` (Flax's name), not `channels` (timm's)"),
-    (lambda: BlurPool(5, 2)(jnp.zeros((1, 2, 8, 1))), ValueError,
+    (lambda: BlurPool(5, 2)(_zeros((1, 2, 8, 1))), ValueError,
      "BlurPool: reflect padding must be shorter than the dim it pads (PyTorch's F.pad rule: "
      "it mirrors the dim without its edge); spatial dim 0 has length 2 and padding (2, 2). "
      "Use an input at least 3 long there, or less padding."),
-    (lambda: blur_pool(jnp.zeros((1, 8, 2, 1)), 5, 3, pad_mode="circular"), ValueError,
+    (lambda: blur_pool(_zeros((1, 8, 2, 1)), 5, 3, pad_mode="circular"), ValueError,
      "blur_pool: circular padding must be at most the length of the dim it pads (PyTorch's "
      "F.pad rule: it would wrap around more than once); spatial dim 1 has length 2 and "
      "padding (3, 3). Use an input at least 3 long there, or less padding."),
-    (lambda: blur_pool(jnp.zeros((1, 1, 8, 1)), 4, 1, pad_mode="constant"), ValueError,
+    (lambda: blur_pool(_zeros((1, 1, 8, 1)), 4, 1, pad_mode="constant"), ValueError,
      "blur_pool: filter_size 4 does not fit spatial dim 0 of length 1 padded by (1, 1) "
      "(timm's get_padding); use an input at least 2 long there, or a smaller filter."),
-    (lambda: BlurPool()(jnp.zeros((1, 8, 8, 1), jnp.int32)), TypeError,
+    (lambda: BlurPool()(_zeros((1, 8, 8, 1), jnp.int32)), TypeError,
      "BlurPool: `inputs` has dtype int32, but this pooling needs a floating dtype"),
-    (lambda: BlurPool()(jnp.zeros((1, 0, 8, 1))), ValueError,
+    (lambda: BlurPool()(_zeros((1, 0, 8, 1))), ValueError,
      "BlurPool: `inputs` needs non-empty spatial dims"),
     # Issue 30: XLA aborted the interpreter on these ("overflow in static extent product",
     # exit 134); timm's padding is (10**9 - 1 + 2) // 2 = 500000000 a side.
-    (lambda: BlurPool(3, strides=10**9, pad_mode="constant")(jnp.zeros((2, 8, 8, 16))),
+    (lambda: BlurPool(3, strides=10**9, pad_mode="constant")(_zeros((2, 8, 8, 16))),
      ValueError,
      "BlurPool: the input of shape (2, 8, 8, 16) padded to (2, 1000000008, 1000000008, 16) "
      "would be an array of 32000000512000002048 elements, more than the 2**60 that XLA can "
      "size (an int64 count of bytes, up to 8 an element); XLA would abort the interpreter. "
      "timm's padding grows with the stride, ((strides - 1) + (filter_size - 1)) // 2 a side, "
      "here (500000000, 500000000): use smaller `strides`."),
-    (lambda: blur_pool(jnp.zeros((8, 16)), 3, 10**18, pad_mode="replicate",
+    (lambda: blur_pool(_zeros((8, 16)), 3, 10**18, pad_mode="replicate",
                        num_spatial_dims=1), ValueError,
      "blur_pool: the input of shape (1, 8, 16) padded to (1, 1000000000000000008, 16)"),
 ])

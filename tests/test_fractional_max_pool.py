@@ -55,15 +55,19 @@ def test_interval_table_for_a_given_sample():
   # (exactly, 9/7 * 7/3 = 3); (2 + u) * alpha = 5.3333335 -> 5; u * alpha = 0.67 -> 0; the
   # last window starts at 10 - 3 = 7. In float64 the second window would start at 3.
   u = np.float32(0.2857143)
+  # The three tables in one jitted program (eager, each op compiles alone).
+  table, half, one = jax.jit(lambda u, h, n: (
+      interval_starts(u, 10, 4, 3), interval_starts(h, 10, 4, 2), interval_starts(n, 7, 1, 3)))(
+          np.array([u]), np.array([0.5], np.float32), np.array([0.9], np.float32))
   expected = [0, 2, 5, 7]
-  np.testing.assert_array_equal(interval_starts(jnp.asarray([u]), 10, 4, 3), [expected])
+  np.testing.assert_array_equal(table, [expected])
   assert reference.fractional_intervals(u, 10, 4, 3) == expected
   assert reference.fractional_intervals(np.float64(u), 10, 4, 3) == [0, 3, 5, 7]
   # u = 0.5, 4 windows of 2 over 10: alpha = 8/3; int(0.5a)=1, int(1.5a)=int(4.0)=4,
   # int(2.5a)=int(6.67)=6, minus 1 each; last 10 - 2 = 8.
-  np.testing.assert_array_equal(interval_starts(jnp.asarray([0.5]), 10, 4, 2), [[0, 3, 5, 8]])
+  np.testing.assert_array_equal(half, [[0, 3, 5, 8]])
   # One window: it starts at L - k whatever the sample.
-  np.testing.assert_array_equal(interval_starts(jnp.asarray([0.9]), 7, 1, 3), [[4]])
+  np.testing.assert_array_equal(one, [[4]])
 
 
 def test_pool_by_hand_with_pytorch_sample_order():
@@ -88,14 +92,21 @@ def test_ties_nan_and_overlapping_windows_by_hand():
   # and the last NaN in a window wins. Overlapping windows that pick the same cell add
   # their cotangents there (1 + 2 on cell 1).
   x = np.array([5.0, 7.0, 7.0, np.nan, 1.0, np.nan], np.float32).reshape(1, 6, 1)
-  values, index = fractional_max_pool(x, 3, 4, samples=np.array([[[0.4]]], np.float32),
-                                      return_indices=True, num_spatial_dims=1)
+  xf = x.copy()
+  xf[0, 3, 0] = xf[0, 5, 0] = -1.0  # no NaN: first 7 wins in windows 0 and 1, the 7 at 2 in 2
+  samples = np.array([[[0.4]]], np.float32)
+
+  @jax.jit  # both in one program (eager: each op compiled alone)
+  def run(x, xf):
+    grad = jax.grad(lambda x: jnp.sum(
+        fractional_max_pool(x, 3, 4, samples=samples, num_spatial_dims=1)
+        * jnp.array([1.0, 2.0, 4.0, 8.0])[None, :, None]))(xf)
+    return fractional_max_pool(x, 3, 4, samples=samples, return_indices=True,
+                               num_spatial_dims=1), grad
+
+  (values, index), grad = run(x, xf)
   np.testing.assert_array_equal(index[0, :, 0], [1, 3, 3, 5])
   np.testing.assert_array_equal(values[0, :, 0], [7.0, np.nan, np.nan, np.nan])
-  x[0, 3, 0] = x[0, 5, 0] = -1.0  # no NaN: first 7 wins in windows 0 and 1, the 7 at 2 in 2
-  grad = jax.grad(lambda x: jnp.sum(
-      fractional_max_pool(x, 3, 4, samples=np.array([[[0.4]]], np.float32), num_spatial_dims=1)
-      * jnp.array([1.0, 2.0, 4.0, 8.0])[None, :, None]))(jnp.asarray(x))
   # Windows [5, 7, 7], [7, 7, -1], [7, -1, 1], [-1, 1, -1] pick cells 1, 1, 2 and 4.
   np.testing.assert_array_equal(grad[0, :, 0], [0.0, 3.0, 4.0, 0.0, 8.0, 0.0])
 
@@ -151,7 +162,8 @@ def test_matches_pytorch_unbatched_and_in_bfloat16():
   # Unbatched: PyTorch's (C, H, W) input with (1, C, 2) samples.
   x = rng.standard_normal((13, 10, 4)).astype(np.float32)
   samples = rng.random((1, 4, 2)).astype(np.float32)
-  values, index = FractionalMaxPool((3, 2), (6, 7), return_indices=True)(x, samples=samples)
+  values, index = jax.jit(lambda x: FractionalMaxPool((3, 2), (6, 7), return_indices=True)(
+      x, samples=samples))(x)
   want_values, want_index = torch.nn.functional.fractional_max_pool2d(
       torch.tensor(np.moveaxis(x, -1, 0).copy()), (3, 2), output_size=(6, 7),
       return_indices=True, _random_samples=torch.tensor(samples))
@@ -164,8 +176,9 @@ def test_matches_pytorch_unbatched_and_in_bfloat16():
   want_values, want_index = torch.nn.functional.fractional_max_pool2d(
       xb, (2, 2), output_size=(2, 17), return_indices=True, _random_samples=sb)
   x_ours = jnp.asarray(np.moveaxis(xb.float().numpy(), 1, -1), jnp.bfloat16)
-  values, index = fractional_max_pool(x_ours, 2, (2, 17), samples=jnp.asarray(
-      sb.float().numpy(), jnp.bfloat16), return_indices=True)
+  values, index = jax.jit(lambda x, s: fractional_max_pool(
+      x, 2, (2, 17), samples=s, return_indices=True))(
+          x_ours, jnp.asarray(sb.float().numpy(), jnp.bfloat16))
   assert values.dtype == jnp.bfloat16
   np.testing.assert_array_equal(index, np.moveaxis(want_index.numpy(), 1, -1))
   np.testing.assert_array_equal(values.astype(np.float32),
@@ -176,23 +189,28 @@ def test_one_dim_and_the_three_dim_equality_case_match_the_mirror():
   rng = np.random.default_rng(3)
   x1 = rng.standard_normal((2, 12, 3)).astype(np.float32)
   s1 = rng.random((2, 3, 1)).astype(np.float32)
-  got = fractional_max_pool(x1, (3,), 5, samples=s1, return_indices=True)
-  want = reference.fractional_max_pool(x1, (3,), (5,), s1)
-  np.testing.assert_array_equal(got[0], want[0])
-  np.testing.assert_array_equal(got[1], want[1])
   # window + out - 1 == length along T: PyTorch 2.13's 3-D check (strict) refuses it, its
   # 2-D check and the interval rule accept it (alpha = 1: windows at 0, 1, 2).
   x3 = rng.standard_normal((1, 4, 5, 6, 2)).astype(np.float32)
   s3 = rng.random((1, 2, 3)).astype(np.float32)
-  got = fractional_max_pool(x3, 2, (3, 2, 4), samples=s3, return_indices=True)
+  # Both in one jitted program (eager, each op compiles alone); the samples stay concrete.
+  got1, got3 = jax.jit(lambda x1, x3: (
+      fractional_max_pool(x1, (3,), 5, samples=s1, return_indices=True),
+      fractional_max_pool(x3, 2, (3, 2, 4), samples=s3, return_indices=True)))(x1, x3)
+  want = reference.fractional_max_pool(x1, (3,), (5,), s1)
+  np.testing.assert_array_equal(got1[0], want[0])
+  np.testing.assert_array_equal(got1[1], want[1])
+  got = got3
   want = reference.fractional_max_pool(x3, (2, 2, 2), (3, 2, 4), s3)
   np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_output_ratio_is_pytorchs_truncated_product():
   # int(100 * 0.29) = int(28.999999999999996) = 28, not 29; int(10 * 0.5) = 5.
-  x = jnp.zeros((1, 100, 10, 1))
-  y = fractional_max_pool(x, 2, output_ratio=(0.29, 0.5), samples=np.full((1, 1, 2), 0.5))
+  # The shape only: traced (jax.eval_shape), nothing compiled.
+  x = jax.ShapeDtypeStruct((1, 100, 10, 1), jnp.float32)
+  y = jax.eval_shape(lambda x: fractional_max_pool(
+      x, 2, output_ratio=(0.29, 0.5), samples=np.full((1, 1, 2), 0.5)), x)
   assert y.shape == (1, 28, 5, 1)
 
 
@@ -201,7 +219,8 @@ def test_half_precision_starts_past_the_end_are_clamped():
   # PyTorch's assert, refuses them); here they are clamped to the last window.
   with pytest.raises(ValueError, match="PyTorch asserts"):
     reference.fractional_intervals(ml_dtypes.bfloat16(0.0), 1000, 333, 2)
-  starts = np.asarray(interval_starts(jnp.zeros((1,), jnp.bfloat16), 1000, 333, 2))
+  starts = np.asarray(jax.jit(lambda u: interval_starts(u, 1000, 333, 2))(
+      np.zeros((1,), ml_dtypes.bfloat16)))
   assert starts.min() >= 0 and starts.max() == 998 and starts[0, -2] == 998
 
 
@@ -266,9 +285,11 @@ def test_batch_axes_vmap_jvp_and_bfloat16():
 
 def test_nchw_guard():
   with pytest.raises(ValueError, match=re.escape("use jnp.moveaxis(x, 1, -1)")):
-    FractionalMaxPool(2, 4, in_features=3)(jnp.zeros((2, 3, 16, 16)), samples=np.zeros((2, 16, 2)))
-  with pytest.warns(ChannelsFirstWarning):
-    FractionalMaxPool(2, (2, 4))(jnp.zeros((2, 3, 16, 16)), samples=np.zeros((2, 16, 2)))
+    FractionalMaxPool(2, 4, in_features=3)(np.zeros((2, 3, 16, 16), np.float32),
+                                           samples=np.zeros((2, 16, 2)))
+  with pytest.warns(ChannelsFirstWarning):  # at trace time: traced alone, nothing compiled
+    jax.eval_shape(lambda x: FractionalMaxPool(2, (2, 4))(x, samples=np.zeros((2, 16, 2))),
+                   jax.ShapeDtypeStruct((2, 3, 16, 16), jnp.float32))
 
 
 # ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ rule (PyTorch's ``Pool.h``: ``floor((L + 2p - d(k - 1) - 1) / s) + 1``).
 from __future__ import annotations
 
 import inspect
+import runpy
 from pathlib import Path
 
 import jax
@@ -32,6 +33,9 @@ from nnx_pool import (
 )
 from nnx_pool import functional as F
 
+# Modules from shapes with NumPy values (tests/_cheap.py), where the initialiser is not the point.
+build = runpy.run_path(str(Path(__file__).parent / "_cheap.py"))["build"]
+
 RNG = np.random.default_rng(12)
 X2 = RNG.permutation(2 * 7 * 6 * 3).reshape(2, 7, 6, 3).astype(np.float32)
 X1 = RNG.permutation(2 * 9 * 3).reshape(2, 9, 3).astype(np.float32)
@@ -43,11 +47,11 @@ X1 = RNG.permutation(2 * 9 * 3).reshape(2, 9, 3).astype(np.float32)
 
 def test_int_arguments_mean_two_spatial_dims_as_pytorch_maxpool2d():
   # nn.MaxPool2d(3, 2, 1) on NCHW arange(25): PyTorch 2.13 CPU gives these values.
-  x = jnp.arange(25.0).reshape(1, 5, 5, 1)
-  np.testing.assert_array_equal(MaxPool(3, 2, 1)(x)[0, ..., 0],
-                                [[6, 8, 9], [16, 18, 19], [21, 23, 24]])
+  x = np.arange(25.0, dtype=np.float32).reshape(1, 5, 5, 1)
+  small, y = jax.jit(lambda x, x2: (MaxPool(3, 2, 1)(x), MaxPool(3, 2, 1)(x2)))(x, X2)
+  np.testing.assert_array_equal(small[0, ..., 0], [[6, 8, 9], [16, 18, 19], [21, 23, 24]])
   want, _ = reference.max_pool(X2, (3, 3), (2, 2), ((1, 1), (1, 1)))
-  np.testing.assert_array_equal(MaxPool(3, 2, 1)(X2), want)
+  np.testing.assert_array_equal(y, want)
 
 
 def test_one_dim_is_num_spatial_dims_1_or_a_one_tuple():
@@ -180,7 +184,9 @@ def _mirror(name, x):
 def test_functional_twin_and_module_match_the_mirror(name, module, args, kwargs):
   want = _mirror(name, X2.astype(np.float64))
   want = tuple(want) if isinstance(want, tuple) else want
-  for got in (getattr(F, name)(X2, *args, **kwargs), module(*args, **kwargs)(X2)):
+  # The twin and the module in one jitted program (eager, each op compiles alone).
+  twin, pool = getattr(F, name), module(*args, **kwargs)
+  for got in jax.jit(lambda x: (twin(x, *args, **kwargs), pool(x)))(X2):
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6), got, want)
 
 
@@ -233,9 +239,10 @@ def test_a_functional_twin_inside_an_nnx_module():
     def __call__(self, x):
       return F.max_pool(nnx.relu(self.conv(x)), 3, 2, 1)
 
-  stem = Stem(nnx.Rngs(0))
-  y = nnx.jit(lambda m, v: m(v))(stem, jnp.asarray(X2))
-  want, _ = reference.max_pool(np.asarray(nnx.relu(stem.conv(X2))), (3, 3), (2, 2),
+  stem = build(Stem)  # the initialiser is not the point: NumPy values, no compile
+  # The stem and its convolution alone, in one program.
+  y, conv = nnx.jit(lambda m, v: (m(v), m.conv(v)))(stem, X2)
+  want, _ = reference.max_pool(np.maximum(np.asarray(conv), 0), (3, 3), (2, 2),
                                ((1, 1), (1, 1)))
   np.testing.assert_array_equal(y, want)
 
@@ -262,8 +269,9 @@ def test_output_shape_is_pytorchs_formula(length, k, s, p, d, ceil_mode):
   got = output_shape((4, length, length + 1, 3), k, s, p, dilation=d, ceil_mode=ceil_mode)
   want_shape = (4, want, _torch_size(length + 1, k, s, p, d, ceil_mode), 3)
   assert got == want_shape
-  pooled = MaxPool(k, s, p, dilation=d, ceil_mode=ceil_mode)(
-      jnp.zeros((4, length, length + 1, 3)))
+  # Traced (jax.eval_shape): the shape the pooling gives, nothing compiled.
+  pooled = jax.eval_shape(MaxPool(k, s, p, dilation=d, ceil_mode=ceil_mode),
+                          jax.ShapeDtypeStruct((4, length, length + 1, 3), jnp.float32))
   assert pooled.shape == want_shape
 
 
@@ -286,7 +294,7 @@ def test_output_shape_same_unbatched_and_errors():
 def test_each_kernel_runs_under_a_named_scope():
   # jax.named_scope puts "nnx_pool.<kernel>" into the op metadata that profilers show: the
   # kernel each call runs (its one jit), and within it the window sum or select.
-  x = jnp.ones((1, 8, 8, 2))
+  x = jax.ShapeDtypeStruct((1, 8, 8, 2), jnp.float32)  # lowered from shapes: no input built
 
   def loss(v):
     pooled = F.max_pool(v, 3, 2, 1, return_indices=True)[0]
@@ -300,7 +308,7 @@ def test_each_kernel_runs_under_a_named_scope():
                "nnx_pool.window_lp_norm/nnx_pool.window_sum/", "nnx_pool.adaptive_avg/",
                "nnx_pool.adaptive_max/", "nnx_pool.spatial_mean/"):
     assert path in hlo, path
-  values, indices = F.max_pool(x, 2, 2, return_indices=True)
+  values, indices = jax.eval_shape(lambda v: F.max_pool(v, 2, 2, return_indices=True), x)
   unpooled = jax.jit(lambda v, i: F.max_unpool(v, i, 2)).lower(values, indices)
   assert "nnx_pool._unpool" in unpooled.as_text(debug_info=True)
   returned = jax.jit(lambda v: F.max_pool(v, 2, 2, return_indices=True)).lower(x)
@@ -329,7 +337,8 @@ def test_only_a_split_spatial_dim_runs_a_kernel_on_auto_axes():
   assert spec_of(None, None, None, ("a", "b")) is None
   assert spec_of(None, "a", None, None) == PartitionSpec(None, "a", None, None)
   assert spec_of("a", None, "b") == PartitionSpec("a", None, "b", None)
-  assert _explicit_spatial_spec(jnp.zeros((2, 4, 4, 3))) is None  # not sharded
+  # not sharded (zeros from NumPy: jnp.zeros would compile a program for the shape)
+  assert _explicit_spatial_spec(jax.device_put(np.zeros((2, 4, 4, 3), np.float32))) is None
 
 
 # ----------------------------------------------------------------------------
@@ -341,7 +350,7 @@ def test_only_a_split_spatial_dim_runs_a_kernel_on_auto_axes():
 def test_an_omitted_stride_is_refused_naming_both_conventions(name):
   # Swapping nnx.avg_pool(x, (2, 2)) (stride 1: (1, 3, 3, 1)) for F.avg_pool(x, (2, 2)) would
   # silently give (1, 2, 2, 1) if strides defaulted to the window.
-  x = jnp.ones((1, 4, 4, 1))
+  x = jax.device_put(np.ones((1, 4, 4, 1), np.float32))  # refused: only its shape matters
   module = {"avg_pool": "AvgPool", "max_pool": "MaxPool", "min_pool": "MinPool"}[name]
   for call, got in ((lambda: getattr(F, name)(x, (2, 2)), "was omitted"),
                     (lambda: getattr(F, name)(x, window_shape=(2, 2)), "was omitted"),

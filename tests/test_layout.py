@@ -87,9 +87,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("call, mirror", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_several_batch_axes_pool_each_example(call, mirror):
-  got = call(jnp.asarray(X))
+@pytest.fixture(scope="module")
+def pooled():
+  """Every case's call on X, all in one jitted program (eager, each op compiles alone)."""
+  return jax.jit(lambda x: {name: call(x) for name, call, _ in CASES})(X)
+
+
+@pytest.mark.parametrize(("name", "mirror"), [(c[0], c[2]) for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_several_batch_axes_pool_each_example(pooled, name, mirror):
+  got = pooled[name]
   want = mirror()
   if isinstance(want, tuple) and not isinstance(got, tuple):
     want = want[0]
@@ -99,20 +106,23 @@ def test_several_batch_axes_pool_each_example(call, mirror):
 
 def test_several_batch_axes_match_flax_max_pool():
   # flax.nnx.max_pool reads every axis before the window as a batch axis.
-  x = jnp.asarray(X)
-  want = nnx.max_pool(x, (2, 2), strides=(2, 2))
-  np.testing.assert_array_equal(MaxPool(2)(x), want)
+  got, want = jax.jit(lambda x: (MaxPool(2)(x), nnx.max_pool(x, (2, 2), strides=(2, 2))))(X)
+  np.testing.assert_array_equal(got, want)
   assert want.shape == (2, 3, 4, 4, 4)
 
 
 def test_several_batch_axes_unpool_and_gradients():
-  x = jnp.asarray(X)
-  values, indices = MaxPool(2, return_indices=True)(x)
+  @jax.jit  # one program (eager: each op compiled alone)
+  def run(x):
+    values, indices = MaxPool(2, return_indices=True)(x)
+    return values, indices, MaxUnpool(2)(values, indices), jax.grad(
+        lambda v: MaxPool(2)(v).sum())(x)
+
+  values, indices, unpooled, grad = run(X)
   want = reference.max_unpool(*(np.asarray(a).reshape(6, 4, 4, 4) for a in (values, indices)),
                               (2, 2), (2, 2))
-  np.testing.assert_array_equal(MaxUnpool(2)(values, indices), _batched(want))
+  np.testing.assert_array_equal(unpooled, _batched(want))
   # The gradient of a sum of maxima is 1 at each window's maximum (the mirror's indices).
-  grad = jax.grad(lambda v: MaxPool(2)(v).sum())(x)
   flat_index = np.asarray(indices).reshape(6, 16, 4)
   expected = np.zeros((6, 64, 4))
   np.put_along_axis(expected, flat_index, 1.0, axis=1)
@@ -144,7 +154,7 @@ def test_several_batch_axes_gate_each_example():
 def test_a_rank_that_fits_no_reading_is_refused():
   with pytest.raises(ValueError, match=r"rank 3 or more; got shape \(8, 4\) \(rank 2\)\. .*"
                                        r"For this shape set num_spatial_dims=1"):
-    MaxPool(2)(jnp.ones((8, 4)))
+    MaxPool(2)(jax.device_put(np.ones((8, 4), np.float32)))  # refused from its shape
 
 
 # ----------------------------------------------------------------------------
@@ -152,27 +162,32 @@ def test_a_rank_that_fits_no_reading_is_refused():
 # ----------------------------------------------------------------------------
 
 
+# The warning is given when a call is traced: these calls are traced alone (jax.eval_shape),
+# nothing compiled; test_nchw_warning_points_at_the_callers_line runs one eagerly.
+def _spec(*shape):
+  return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
 def test_nchw_looking_input_warns_once_per_module():
   pool = MaxPool(2)
   with pytest.warns(ChannelsFirstWarning, match=r"MaxPool: `inputs` of shape \(2, 3, 32, 32\) "
                     r"looks channels-first \(NCHW: 3 channels on axis 1\).*"
                     r"jnp\.moveaxis\(x, 1, -1\).*in_features=32"):
-    y = pool(jnp.ones((2, 3, 32, 32)))
+    y = jax.eval_shape(pool, _spec(2, 3, 32, 32))
   assert y.shape == (2, 1, 16, 32)  # not refused: it is valid NHWC, as in Flax
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    pool(jnp.ones((2, 3, 32, 32)))  # the same module: no second warning
-    MaxPool(2, in_features=32)(jnp.ones((2, 3, 32, 32)))  # in_features silences it
-    MaxPool(2)(jnp.ones((2, 32, 32, 3)))  # NHWC
+    jax.eval_shape(pool, _spec(2, 3, 32, 32))  # the same module: no second warning
+    jax.eval_shape(MaxPool(2, in_features=32), _spec(2, 3, 32, 32))  # in_features silences it
+    jax.eval_shape(MaxPool(2), _spec(2, 32, 32, 3))  # NHWC
 
 
 def test_nchw_warning_from_every_module_and_function():
-  x = jnp.ones((1, 3, 16, 16))
-  calls = [lambda: AvgPool(2)(x), lambda: F.avg_pool(x, 2, 2), lambda: F.max_pool(x, 2, 2),
-           lambda: GlobalAvgPool()(x), lambda: AdaptiveMaxPool(2)(x)]
+  calls = [AvgPool(2), lambda x: F.avg_pool(x, 2, 2), lambda x: F.max_pool(x, 2, 2),
+           GlobalAvgPool(), AdaptiveMaxPool(2)]
   for call in calls:
     with pytest.warns(ChannelsFirstWarning):
-      call()
+      jax.eval_shape(call, _spec(1, 3, 16, 16))
 
 
 def test_nchw_warning_points_at_the_callers_line():

@@ -14,6 +14,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -21,6 +22,12 @@ from nnx_pool import ChannelsFirstWarning, reference
 from nnx_pool._median import MedianPool, median_pool
 
 _TORCH_REASON = "PyTorch parity needs torch==2.13.0 (the parity extra)"
+
+
+def _zeros(shape, dtype=np.float32):
+  """``jnp.zeros(shape, dtype)`` put on the device from NumPy: jnp.zeros compiles a program
+  for each new shape, only to build the input that a refusal or the layout guard reads."""
+  return jax.device_put(np.zeros(shape, dtype))
 
 
 def _timm_median(torch, x, kernel_size, stride, padding, same):
@@ -39,7 +46,7 @@ def _timm_median(torch, x, kernel_size, stride, padding, same):
 
 
 def _one_hot_grad(pool, x):
-  return np.asarray(jax.grad(lambda x: jnp.sum(pool(x)))(jnp.asarray(x)))
+  return jax.grad(lambda x: jnp.sum(pool(x)))(x)
 
 
 # ----------------------------------------------------------------------------
@@ -50,14 +57,16 @@ def _one_hot_grad(pool, x):
 def test_lower_median_by_hand():
   # A permutation of 1..9: the median is 5.
   x = np.array([[1.0, 9.0, 2.0], [8.0, 3.0, 7.0], [4.0, 6.0, 5.0]], np.float32)[None, ..., None]
-  np.testing.assert_array_equal(MedianPool(3)(x)[0, ..., 0], [[5.0]])
   # An even count takes the lower of the two middle values: pairs of [3, 1, 4, 1, 5, 9].
   x1 = np.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0], np.float32).reshape(1, 6, 1)
-  np.testing.assert_array_equal(median_pool(x1, 2, num_spatial_dims=1)[0, :, 0],
-                                [1.0, 1.0, 1.0, 1.0, 5.0])
   # 2x2 windows of 4 cells at stride 2: the second smallest.
   x2 = np.array([[4.0, 1.0, 0.0, 9.0], [3.0, 2.0, 7.0, 8.0]], np.float32)[None, ..., None]
-  np.testing.assert_array_equal(MedianPool(2, 2)(x2)[0, ..., 0], [[2.0, 7.0]])
+  # All three in one jitted program (eager, each op compiles alone).
+  y, y1, y2 = jax.jit(lambda x, x1, x2: (
+      MedianPool(3)(x), median_pool(x1, 2, num_spatial_dims=1), MedianPool(2, 2)(x2)))(x, x1, x2)
+  np.testing.assert_array_equal(y[0, ..., 0], [[5.0]])
+  np.testing.assert_array_equal(y1[0, :, 0], [1.0, 1.0, 1.0, 1.0, 5.0])
+  np.testing.assert_array_equal(y2[0, ..., 0], [[2.0, 7.0]])
 
 
 def test_same_padding_reflects_by_hand():
@@ -68,11 +77,13 @@ def test_same_padding_reflects_by_hand():
   # sorted 3 3 3 3 4 6 6 8 8, median 4.
   x = np.array([[1.0, 9.0, 2.0], [8.0, 3.0, 7.0], [4.0, 6.0, 5.0]], np.float32)[None, ..., None]
   expected = [[3.0, 7.0, 3.0], [6.0, 5.0, 6.0], [4.0, 6.0, 5.0]]
-  np.testing.assert_array_equal(MedianPool(3, same=True)(x)[0, ..., 0], expected)
+  np.testing.assert_array_equal(jax.jit(MedianPool(3, same=True))(x)[0, ..., 0], expected)
   np.testing.assert_array_equal(reference.median_pool(x, (3, 3), (1, 1), "SAME")[0][0, ..., 0],
                                 expected)
   # SAME at stride 2 on 5 cells: ceil(5 / 2) = 3 outputs, total padding (3-1)*2 + 3 - 5 = 2.
-  assert MedianPool(3, 2, same=True)(np.zeros((1, 5, 5, 1), np.float32)).shape == (1, 3, 3, 1)
+  # The shape only: traced (jax.eval_shape), nothing compiled.
+  x5 = jax.ShapeDtypeStruct((1, 5, 5, 1), jnp.float32)
+  assert jax.eval_shape(MedianPool(3, 2, same=True), x5).shape == (1, 3, 3, 1)
 
 
 def test_ties_nan_and_signed_zero_choose_pytorchs_cell():
@@ -81,29 +92,34 @@ def test_ties_nan_and_signed_zero_choose_pytorchs_cell():
   # 0 1 2 3(0) 3(2) 3(3) 3(5) 3(7) 5, rank 4 is the 3 at position 2 (PyTorch 2.13's
   # median index is 2). The gradient goes to that one cell.
   x = np.array([3.0, 1.0, 3.0, 3.0, 0.0, 3.0, 2.0, 3.0, 5.0], np.float32).reshape(1, 3, 3, 1)
-  pool = MedianPool(3)
+  xn = np.array([1.0, np.nan, 2.0, np.nan], np.float32).reshape(1, 4, 1)
+  xz = np.array([0.0, -0.0, 0.0], np.float32).reshape(1, 3, 1)
+  pool, pool1 = MedianPool(3), MedianPool(4, num_spatial_dims=1)
+
+  @jax.jit  # every case in one program (eager: each op compiled alone)
+  def run(x, xn, xz):
+    return (_one_hot_grad(pool, x), _one_hot_grad(pool, jnp.ones_like(x)), pool1(xn),
+            _one_hot_grad(pool1, xn), MedianPool(3, num_spatial_dims=1)(xz))
+
+  grad_ties, grad_equal, nan_value, grad_nan, signed = run(x, xn, xz)
   expected = np.zeros(9, np.float32)
   expected[2] = 1.0
-  np.testing.assert_array_equal(_one_hot_grad(pool, x).ravel(), expected)
+  np.testing.assert_array_equal(np.ravel(grad_ties), expected)
   # All equal: rank 4 of 9 is the fifth cell.
   expected = np.zeros(9, np.float32)
   expected[4] = 1.0
-  np.testing.assert_array_equal(_one_hot_grad(pool, np.ones((1, 3, 3, 1), np.float32)).ravel(),
-                                expected)
+  np.testing.assert_array_equal(np.ravel(grad_equal), expected)
   # NaN: the window's first NaN, value and gradient (PyTorch: [1, nan, 2, nan] -> index 1).
-  xn = np.array([1.0, np.nan, 2.0, np.nan], np.float32).reshape(1, 4, 1)
-  pool1 = MedianPool(4, num_spatial_dims=1)
-  assert np.isnan(pool1(xn)[0, 0, 0])
-  np.testing.assert_array_equal(_one_hot_grad(pool1, xn).ravel(), [0.0, 1.0, 0.0, 0.0])
+  assert np.isnan(nan_value[0, 0, 0])
+  np.testing.assert_array_equal(np.ravel(grad_nan), [0.0, 1.0, 0.0, 0.0])
   # -0.0 equals 0.0 and ranks by position; the chosen cell keeps its sign (PyTorch: -0.).
-  xz = np.array([0.0, -0.0, 0.0], np.float32).reshape(1, 3, 1)
-  got = MedianPool(3, num_spatial_dims=1)(xz)[0, 0, 0]
+  got = signed[0, 0, 0]
   assert got == 0.0 and np.signbit(got)
 
 
 def test_integer_inputs_are_pooled_exactly():
   x = np.random.default_rng(0).integers(-1000, 1000, (2, 6, 7, 3)).astype(np.int32)
-  got = MedianPool((3, 2), (1, 2), 1)(x)
+  got = jax.jit(MedianPool((3, 2), (1, 2), 1))(x)
   assert got.dtype == jnp.int32
   np.testing.assert_array_equal(got, reference.median_pool(x, (3, 2), (1, 2), ((1, 1),) * 2)[0])
 
@@ -160,7 +176,7 @@ def test_matches_timm_and_the_mirror_values_and_gradients(kernel, stride, paddin
 ])
 def test_one_and_three_dims_match_the_mirror(window, strides, padding, shape):
   x = np.random.default_rng(len(shape)).integers(0, 5, shape).astype(np.float32)
-  np.testing.assert_array_equal(median_pool(x, window, strides, padding),
+  np.testing.assert_array_equal(jax.jit(lambda x: median_pool(x, window, strides, padding))(x),
                                 reference.median_pool(x, window, strides, padding)[0])
 
 
@@ -179,9 +195,9 @@ def test_batch_axes_vmap_forward_mode_and_bfloat16():
   def run(x, t):
     xb = x[0].astype(jnp.bfloat16)
     return (pool(x), pool(x.reshape(6, 6, 5, 4)), jax.vmap(pool)(x[0]),
-            jax.jvp(pool, (x[0],), (t,))[1], pool(xb), pool(xb.astype(jnp.float32)))
+            jax.jvp(pool, (x[0],), (t,))[1], pool(xb))
 
-  several, flat, mapped, tangent, got, got_f32 = run(x, t)
+  several, flat, mapped, tangent, got = run(x, t)
   np.testing.assert_array_equal(several, flat.reshape(2, 3, 6, 5, 4))
   np.testing.assert_array_equal(mapped, several[0])  # unbatched under vmap
   # Forward mode: each output's tangent is the tangent of its median cell, which the
@@ -189,16 +205,18 @@ def test_batch_axes_vmap_forward_mode_and_bfloat16():
   _, index = reference.median_pool(x[0], (3, 3), (1, 1), ((1, 1), (1, 1)))
   want = np.take_along_axis(t.reshape(3, 30, 4), index.reshape(3, 30, 4), axis=1)
   np.testing.assert_array_equal(tangent, want.reshape(tangent.shape))
-  # bfloat16 is selected, not computed: the bfloat16 cells float32 selects.
+  # bfloat16 is selected, not computed: the cells the mirror selects from the same values.
   assert got.dtype == jnp.bfloat16
-  np.testing.assert_array_equal(got, got_f32.astype(jnp.bfloat16))
+  xb = np.asarray(x[0].astype(ml_dtypes.bfloat16), np.float32)
+  want, _ = reference.median_pool(xb, (3, 3), (1, 1), ((1, 1), (1, 1)))
+  np.testing.assert_array_equal(np.asarray(got, np.float32), want)
 
 
 def test_nchw_guard():
   with pytest.raises(ValueError, match=re.escape("use jnp.moveaxis(x, 1, -1)")):
-    MedianPool(in_features=3)(jnp.zeros((2, 3, 16, 16)))
-  with pytest.warns(ChannelsFirstWarning):
-    MedianPool()(jnp.zeros((2, 3, 16, 16)))
+    MedianPool(in_features=3)(_zeros((2, 3, 16, 16)))
+  with pytest.warns(ChannelsFirstWarning):  # at trace time: traced alone, nothing compiled
+    jax.eval_shape(MedianPool(), jax.ShapeDtypeStruct((2, 3, 16, 16), jnp.float32))
 
 
 # ----------------------------------------------------------------------------
@@ -226,15 +244,15 @@ def test_nchw_guard():
      "`strides` (1, 1, 1) has 3 entries, but `window_shape` (3, 3) sets 2 spatial dim(s)"),
     (lambda: MedianPool(kernel_size=3), TypeError,
      "MedianPool takes `window_shape` (Flax's name), not `kernel_size` (PyTorch's)"),
-    (lambda: MedianPool(3, 1, 2)(jnp.zeros((1, 2, 8, 1))), ValueError,
+    (lambda: MedianPool(3, 1, 2)(_zeros((1, 2, 8, 1))), ValueError,
      "MedianPool: reflect padding must be shorter than the dim it pads (PyTorch's F.pad rule: "
      "it mirrors the dim without its edge); spatial dim 0 has length 2 and padding (2, 2). Use "
      "an input at least 3 long there, or less padding."),
-    (lambda: median_pool(jnp.zeros((1, 2, 8, 1)), 3), ValueError,
+    (lambda: median_pool(_zeros((1, 2, 8, 1)), 3), ValueError,
      "median_pool: window 3 does not fit spatial dim 0 of length 2 padded by (0, 0); "
      "PyTorch's unfold keeps whole windows only. Use a window of at most 2 there, more "
      "padding (less than 2 on a side), or same=True."),
-    (lambda: MedianPool()(jnp.zeros((1, 4, 4, 1), bool)), TypeError,
+    (lambda: MedianPool()(_zeros((1, 4, 4, 1), bool)), TypeError,
      "MedianPool: `inputs` has dtype bool; cast it first"),
 ])
 def test_refusals(call, error, message):
