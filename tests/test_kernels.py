@@ -371,10 +371,13 @@ def test_select_second_derivative_is_zero():
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _sum_transforms(total_fn, geom, x, ct, t):
-  """A window sum's value, VJP along ``ct`` and JVP along ``t``: one program."""
-  total, vjp = jax.vjp(lambda v: total_fn(v, geom), x)
-  return total, vjp(ct)[0], jax.jvp(lambda v: total_fn(v, geom), (x,), (t,))[1]
+def _sum_transforms(total_fns, geom, x, ct, t):
+  """Each window sum's value, VJP along ``ct`` and JVP along ``t``: one program for all."""
+  out = []
+  for total_fn in total_fns:
+    total, vjp = jax.vjp(lambda v, f=total_fn: f(v, geom), x)
+    out.append((total, vjp(ct)[0], jax.jvp(lambda v, f=total_fn: f(v, geom), (x,), (t,))[1]))
+  return out
 
 
 @pytest.mark.slow
@@ -388,8 +391,8 @@ def test_window_sum_matches_unrolled_and_reference(case):
       -4, 5, (shape[0], *geom.out_shape, shape[-1])).astype(np.float32) / 8
   # Normal floats for the JVP: the summation order differs, so float32 rounding differs.
   t = _inputs(shape, seed=11)["normal"]
-  total, grad, jvp = _sum_transforms(_sum, geom, x, g, t)
-  want, want_grad, want_jvp = _sum_transforms(tap_sum, geom, x, g, t)
+  # The separable sum and the unrolled one in one program.
+  (total, grad, jvp), (want, want_grad, want_jvp) = _sum_transforms((_sum, tap_sum), geom, x, g, t)
   np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(np.asarray(jvp), np.asarray(want_jvp), rtol=1e-5, atol=1e-5)
