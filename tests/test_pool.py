@@ -397,18 +397,25 @@ def test_select_pool_every_ml_dtypes_float(implementation):
   # window of each dim read padding (low and high borders). The kernel's code is the same
   # for any window (one tap per cell); 2x2 compiles 4 taps per dtype, 3x3 took 9.
   xs = [np.random.default_rng(7).uniform(-6, 6, (1, 6, 8, 2)).astype(d) for d in held]
+  # MinPool in the dtypes without infinity, whose padding is their own largest value; in the
+  # others it pads with +inf as in float32 (other tests), and MaxPool shows each of them
+  # works. Min in those took 0.5 s CPU of [taps] (pytest -k every_ml_dtypes, 2 cores).
+  with_min = [not _has_infinity(d) for d in held]
 
-  @jax.jit  # one compilation for the three pools over every dtype
+  @jax.jit  # one compilation for the pools over every dtype
   def pools(vs):
-    return [(MaxPool(2, 2, 1, return_indices=True)(v), MinPool(2, 2, 1, return_indices=True)(v),
-             AvgPool(2, 2, 1, count_include_pad=False)(v)) for v in vs]
+    return [(MaxPool(2, 2, 1, return_indices=True)(v),
+             MinPool(2, 2, 1, return_indices=True)(v) if m else None,
+             AvgPool(2, 2, 1, count_include_pad=False)(v))
+            for v, m in zip(vs, with_min, strict=True)]
 
   with nnx_pool.use_implementation(implementation):
     results = pools(xs)  # NumPy in: jnp.asarray would compile a copy per dtype
   for dtype, x, (maxima, minima, mean) in zip(held, xs, results, strict=True):
     name = np.dtype(dtype).name
     x32 = x.astype(np.float32)
-    for (values, indices), mirror in ((maxima, reference.max_pool), (minima, reference.min_pool)):
+    selects = [(maxima, reference.max_pool), (minima, reference.min_pool)]
+    for (values, indices), mirror in (pair for pair in selects if pair[0] is not None):
       want_values, want_indices = mirror(x32, (2, 2), (2, 2), ((1, 1), (1, 1)))
       assert values.dtype == dtype, name
       np.testing.assert_array_equal(np.asarray(values).astype(np.float32), want_values,
