@@ -117,9 +117,9 @@ def _assert_each_input_equal(dtype, got, want, n, kind):
     np.testing.assert_array_equal(g, w, err_msg=f"{kind} {name}")
 
 
-# Each compiled once per geometry and input shapes: max and min, every dtype, in one program
-# (the kernels and the unrolled oracles compiled per kind and per dtype took most of the
-# file's time).
+# Each compiled once per geometry and input shapes: every kind asked for (max and min unless
+# told), every dtype, in one program (the kernels and the unrolled oracles compiled per kind
+# and per dtype took most of the file's time).
 @functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("kinds",))
 def _select_all(select, geom, xs, kinds=KINDS):
   """``select``'s values, window offsets and flat indices for each dtype and kind."""
