@@ -35,6 +35,12 @@ CASES = {
 IDS = list(CASES)
 INT8_CASE = "9x9-overlap-pad"  # padded: int8's fill value is read
 JVP_CASES = ["9x9-overlap-pad", "12x5-ceil-pad", "5x5x5"]
+# The cases whose select also takes the minimum. Min runs max's separable code with the
+# other comparison and fill; these three show it through the entry point and the direct
+# separable select, with padding, ceil mode, dilation, 2-D and 3-D, int8 and int32 (their
+# JVPs and min gradients are checked too). Min in the other three took 0.9 s CPU (pytest -k
+# select_matches, 2 cores: 11.7 s -> 10.8 s).
+MIN_CASES = JVP_CASES
 # The case whose select is also compared with the unrolled oracle, offsets bit for bit
 # (overlapping windows, asymmetric padding, int8). The mirror checks every case's values
 # and flat indices, and a window's offsets are one per cell, so equal indices are equal
@@ -111,15 +117,15 @@ def _assert_each_input_equal(dtype, got, want, n, kind):
     np.testing.assert_array_equal(g, w, err_msg=f"{kind} {name}")
 
 
-# Each compiled once per geometry and input shapes: max and min, every dtype, in one program
-# (the kernels and the unrolled oracles compiled per kind and per dtype took most of the
-# file's time).
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _select_all(select, geom, xs):
+# Each compiled once per geometry and input shapes: every kind asked for (max and min unless
+# told), every dtype, in one program (the kernels and the unrolled oracles compiled per kind
+# and per dtype took most of the file's time).
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("kinds",))
+def _select_all(select, geom, xs, kinds=KINDS):
   """``select``'s values, window offsets and flat indices for each dtype and kind."""
   out = {}
   for dtype, x in xs.items():
-    for kind in KINDS:
+    for kind in kinds:
       values, offsets = select(x, geom, kind)
       out[dtype, kind] = values, offsets, flat_indices(offsets, geom)
   return out
@@ -205,10 +211,13 @@ LOW_BORDER = {
 
 
 
-# The geometries whose boxes also pool int32. Integers differ from floats in the fill value
-# (the dtype's minimum or maximum) and in having no NaN to compare, not in how the output
-# is split into boxes: one 2-D, one 1-D and one 3-D geometry keep them (each dtype and kind
-# compiled is one more kernel in the test's program).
+# The geometries whose boxes also pool int32, and also take the minimum. Integers differ from
+# floats in the fill value (the dtype's minimum or maximum) and in having no NaN to compare,
+# and min from max in the comparison and the fill, not in how the output is split into
+# boxes: one 2-D, one 1-D and one 3-D geometry keep them (each dtype and kind compiled is one
+# more kernel in the test's program; min in the other five cases took 0.9 of the test's 6.4 s
+# CPU, pytest -k box_by_box, 2 cores). Every geometry's first box reads the low padding, so
+# each of the three shows min's fill there.
 INT_BOX_CASES = ["3x3/2 p1 (the ResNet stem)", "3/2 p1, 1-D", "3x3x3/2 p1"]
 
 
@@ -235,14 +244,16 @@ def test_box_by_box_select_matches_the_mirror(case):
   # Values and PyTorch's flat indices against the NumPy mirror (PyTorch's scan, cell by
   # cell), on ties, NaN, infinities, whole -inf windows and, in INT_BOX_CASES, integers
   # (int32 stands for them: int8 takes the same kernel; test_select_matches_unrolled_and_
-  # reference has it).
+  # reference has it) and min as well as max.
   inputs = _inputs(shape, seed=14)
   del inputs["int8"]
+  kinds = KINDS
   if case not in INT_BOX_CASES:
     del inputs["int32"]
+    kinds = ("max",)
   xs, n = _by_dtype(inputs)
-  got = _select_all(arg_select_boxes, geom, xs)
-  for kind in KINDS:
+  got = _select_all(arg_select_boxes, geom, xs, kinds=kinds)
+  for kind in kinds:
     mirror = reference.max_pool if kind == "max" else reference.min_pool
     for dtype, x in xs.items():
       values, offsets, indices = got[dtype, kind]
@@ -278,14 +289,15 @@ def test_dispatch_on_tap_count():
 @pytest.mark.parametrize("case", IDS)
 def test_select_matches_unrolled_and_reference(case):
   # Values and offsets bit for bit against the unrolled kernels, and values and PyTorch's
-  # flat indices against the NumPy mirror; max and min, every input kind and dtype.
+  # flat indices against the NumPy mirror; every input kind and dtype, max, and min in
+  # MIN_CASES.
   geom = _geom(case)
   args, kwargs = _ref_kwargs(case)
   inputs = _inputs(CASES[case][-1], seed=IDS.index(case))
   if case != INT8_CASE:  # int8 takes int32's code path with its own fill: one case shows it
     del inputs["int8"]
   xs, n = _by_dtype(inputs)
-  got = _select_all(_select, geom, xs)
+  got = _select_all(_select, geom, xs, kinds=KINDS if case in MIN_CASES else ("max",))
   unrolled = _select_all(_unrolled_select, geom, xs) if case in UNROLLED_CASES else None
   for (dtype, kind), (values, offsets, indices) in got.items():
     x = xs[dtype]
@@ -371,10 +383,13 @@ def test_select_second_derivative_is_zero():
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _sum_transforms(total_fn, geom, x, ct, t):
-  """A window sum's value, VJP along ``ct`` and JVP along ``t``: one program."""
-  total, vjp = jax.vjp(lambda v: total_fn(v, geom), x)
-  return total, vjp(ct)[0], jax.jvp(lambda v: total_fn(v, geom), (x,), (t,))[1]
+def _sum_transforms(total_fns, geom, x, ct, t):
+  """Each window sum's value, VJP along ``ct`` and JVP along ``t``: one program for all."""
+  out = []
+  for total_fn in total_fns:
+    total, vjp = jax.vjp(lambda v, f=total_fn: f(v, geom), x)
+    out.append((total, vjp(ct)[0], jax.jvp(lambda v, f=total_fn: f(v, geom), (x,), (t,))[1]))
+  return out
 
 
 @pytest.mark.slow
@@ -388,8 +403,8 @@ def test_window_sum_matches_unrolled_and_reference(case):
       -4, 5, (shape[0], *geom.out_shape, shape[-1])).astype(np.float32) / 8
   # Normal floats for the JVP: the summation order differs, so float32 rounding differs.
   t = _inputs(shape, seed=11)["normal"]
-  total, grad, jvp = _sum_transforms(_sum, geom, x, g, t)
-  want, want_grad, want_jvp = _sum_transforms(tap_sum, geom, x, g, t)
+  # The separable sum and the unrolled one in one program.
+  (total, grad, jvp), (want, want_grad, want_jvp) = _sum_transforms((_sum, tap_sum), geom, x, g, t)
   np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(np.asarray(jvp), np.asarray(want_jvp), rtol=1e-5, atol=1e-5)
