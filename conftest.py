@@ -6,6 +6,7 @@ compared with what the library really returns.
 """
 
 import doctest
+import gc
 import os
 import shutil
 import tempfile
@@ -114,6 +115,18 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
   for path in _OWN_CACHE:
     shutil.rmtree(path, ignore_errors=True)
+
+
+# Python's cyclic garbage collector scans every object a process holds, and a worker holds
+# jax, flax, torch, the collected tests and the programs it compiled: in `make test` it took
+# 18 s of the two workers' 393 s of CPU (gc.callbacks, 2 cores). The objects that exist once
+# collection ends live to the end of the run, so they are frozen out of the scans, and the
+# young generation is collected 14 times less often: 7.6 s of GC, 378 s of CPU, 238 s -> 229 s.
+# No test depends on when a collection runs.
+def pytest_collection_finish(session):
+  gc.collect()
+  gc.freeze()
+  gc.set_threshold(10_000, 50, 100)
 
 
 def pytest_collection_modifyitems(config, items):
