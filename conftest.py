@@ -18,13 +18,8 @@ from pathlib import Path
 # back on; pytest-xdist's controller, which collects nothing, at its session's start.
 gc.disable()
 
-import jax  # noqa: E402
 from sybil import Sybil  # noqa: E402
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser  # noqa: E402
-
-# Implicit rank promotion hides layout bugs (an (N, C) array broadcast against an
-# (N, H, W, C) one); raise instead, as Equinox's suite does.
-jax.config.update("jax_numpy_rank_promotion", "raise")
 
 pytest_collect_file = Sybil(
     parsers=[
@@ -69,7 +64,8 @@ SLOW_FILES_FIRST = (
 # compiled once is loaded from the cache by the other processes. It is made empty
 # at the start of the run and removed at its end, so nothing carries over between
 # runs; a JAX_COMPILATION_CACHE_DIR already set by the caller is used as it is.
-# Measured with `make test` on 2 cores: 450 s -> 423 s of test time. A run that was killed
+# Measured with `make test EXTRAS=test,parity` on 2 cores: 258 s without it (an empty
+# JAX_COMPILATION_CACHE_DIR= turns it off), 234 s with it (2026-12-07). A run that was killed
 # cannot remove its cache (26 MB): its name carries the pid of the run that made it, and
 # the next run removes those whose process is gone.
 _CACHE_SETTINGS = {  # jax options, read from the variables of the same name in capitals
@@ -100,22 +96,37 @@ def _remove_stale_caches() -> None:
 
 
 def _share_compilation_cache() -> None:
+  """Sets the variables that the workers and subprocesses read when they import jax."""
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _remove_stale_caches()
     _OWN_CACHE.append(tempfile.mkdtemp(prefix=f"{_CACHE_PREFIX}{os.getpid()}-"))
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE[0]
-  # Workers and subprocesses read the variables when they import jax; this process
-  # imported it already, so its config is set too.
+  for name, value in _CACHE_SETTINGS.items():
+    os.environ.setdefault(name.upper(), str(value))
+
+
+def _configure_jax() -> None:
+  """The settings of a process that runs tests (jax may already be imported here)."""
+  import jax
+
+  # Implicit rank promotion hides layout bugs (an (N, C) array broadcast against an
+  # (N, H, W, C) one); raise instead, as Equinox's suite does.
+  jax.config.update("jax_numpy_rank_promotion", "raise")
   jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
   for name, value in _CACHE_SETTINGS.items():
-    jax.config.update(name, type(value)(os.environ.setdefault(name.upper(), str(value))))
+    jax.config.update(name, type(value)(os.environ.get(name.upper(), str(value))))
 
 
 def pytest_configure(config):
   if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below
     config.option.loadscopereorder = False
-  if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+  worker = hasattr(config, "workerinput")
+  if not worker:  # the controller, or a run without xdist
     _share_compilation_cache()
+  # pytest-xdist's controller runs no test: it starts its workers without importing jax
+  # (1 s of the run's start).
+  if worker or not getattr(config.option, "numprocesses", None):
+    _configure_jax()
 
 
 def pytest_unconfigure(config):
