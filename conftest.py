@@ -5,10 +5,12 @@ through Sybil. Blocks written as ``>>>`` sessions are doctests, so every result 
 compared with what the library really returns.
 """
 
+import atexit
 import doctest
 import gc
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -132,6 +134,19 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
   for path in _OWN_CACHE:
     shutil.rmtree(path, ignore_errors=True)
+  if hasattr(config, "workerinput"):
+    # A pytest-xdist worker has sent its last report; tearing down its interpreter (jax
+    # destroying the 2,000 or more programs it compiled) kept the controller waiting: from
+    # the last worker's unconfigure to the run's end took 6.4 s, 2.1 s without it (`make
+    # test`, 2 cores). Registered last, this runs first when the worker exits, as the kit's
+    # processes/group.py does for a broken group of processes.
+    atexit.register(_exit_now)
+
+
+def _exit_now() -> None:
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
 
 
 # Python's cyclic garbage collector scans every object a process holds, and a worker holds
