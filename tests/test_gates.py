@@ -54,7 +54,8 @@ build = runpy.run_path(str(Path(__file__).parent / "_cheap.py"))["build"]
 
 
 def set_param(variable, value):
-  variable[...] = jnp.asarray(value, jnp.float32)
+  # Cast by NumPy and placed: jnp.asarray(float64, float32) compiles a conversion per shape.
+  variable[...] = jax.device_put(np.asarray(value, np.float32))
 
 
 def seed000_map(h, w, c, n=1):
@@ -101,7 +102,7 @@ def test_effective_se_default_gate_is_the_hard_sigmoid():
   set_param(ese.fc.kernel, np.zeros((6, 6)))
   set_param(ese.fc.bias, [-4.0, -3.0, 0.0, 1.5, 3.0, 9.0])
   expected = np.tile([0.0, 0.0, 0.5, 0.75, 1.0, 1.0], (2, 3, 1))
-  np.testing.assert_array_equal(apply(ese, jnp.ones((2, 3, 6))), expected)
+  np.testing.assert_array_equal(apply(ese, np.ones((2, 3, 6), np.float32)), expected)
 
 
 # ----------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_squeezeexcitation_hand_computed():
   set_param(se.fc1.bias, [0.5])
   set_param(se.fc2.kernel, [[2.0, -1.0]])
   set_param(se.fc2.bias, [0.0, 1.5])
-  x = jnp.array([[[1.0, 0.0], [2.0, 4.0]], [[3.0, 0.0], [6.0, 4.0]]])[None]
+  x = np.array([[[1.0, 0.0], [2.0, 4.0]], [[3.0, 0.0], [6.0, 4.0]]], np.float32)[None]
   y = apply(se, x)
   np.testing.assert_array_equal(y[0, ..., 0], [[3.0, 6.0], [9.0, 18.0]])
   np.testing.assert_array_equal(y[0, ..., 1], [[0.0, 0.0], [0.0, 0.0]])
@@ -144,7 +145,7 @@ def test_effectivesqueezeexcitation_hand_computed():
   ese = build(EffectiveSqueezeExcitation, 2)
   set_param(ese.fc.kernel, np.eye(2))
   set_param(ese.fc.bias, [0.0, 4.5])
-  x = jnp.array([[[2.0, -4.0], [4.0, -8.0]]])  # (H, W, C) = (1, 2, 2)
+  x = np.array([[[2.0, -4.0], [4.0, -8.0]]], np.float32)  # (H, W, C) = (1, 2, 2)
   np.testing.assert_array_equal(apply(ese, x), [[[2.0, -1.0], [4.0, -2.0]]])
 
 
@@ -154,7 +155,7 @@ def test_efficientchannelattention_hand_computed():
   # = [210, 321, 432, 43]; identity gate; the 1-D input (L=1) is scaled by that.
   eca = build(EfficientChannelAttention, 4, 3, gate=identity, num_spatial_dims=1)
   set_param(eca.conv.kernel, np.array([1.0, 10.0, 100.0]).reshape(3, 1, 1))
-  x = jnp.array([[[1.0, 2.0, 3.0, 4.0]]])  # (N, L, C) = (1, 1, 4)
+  x = np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32)  # (N, L, C) = (1, 1, 4)
   np.testing.assert_array_equal(apply(eca, x), [[[210.0, 642.0, 1296.0, 172.0]]])
 
 
@@ -172,7 +173,7 @@ def test_cbam_hand_computed():
                           (cbam.spatial_norm.mean, 0.0), (cbam.spatial_norm.var, 1.0)):
     set_param(variable, [value])
   cbam.eval()
-  x = jnp.array([[[[2.0, 4.0], [6.0, 10.0]]]])
+  x = np.array([[[[2.0, 4.0], [6.0, 10.0]]]], np.float32)
   expected = np.array([[[[600.0, 1200.0], [4800.0, 8000.0]]]]) / np.sqrt(1 + 1e-5)
   np.testing.assert_allclose(apply(cbam, x), expected, rtol=1e-6)
 
@@ -213,9 +214,9 @@ def test_gates_eager_equals_jit(ranked, name):
 def test_gates_refuse_channels_first(name):
   gate = build(_GATES[name], 16)
   with pytest.raises(ValueError, match=r"NCHW.*jnp.moveaxis\(x, 1, -1\)"):
-    gate(jnp.ones((2, 16, 5, 5)))
+    gate(np.ones((2, 16, 5, 5), np.float32))
   with pytest.raises(ValueError, match="in_features=16"):
-    gate(jnp.ones((2, 5, 5, 8)))
+    gate(np.ones((2, 5, 5, 8), np.float32))
 
 
 def test_gates_argument_errors():
@@ -232,7 +233,7 @@ def test_gates_argument_errors():
   with pytest.raises(ValueError, match="`spatial_kernel_size` must be odd"):
     CBAM(8, spatial_kernel_size=6, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"so rank 3 or more; got shape \(8,\)"):
-    build(SqueezeExcitation, 8)(jnp.ones((8,)))
+    build(SqueezeExcitation, 8)(np.ones((8,), np.float32))
 
 
 def test_from_torch_key_errors():
@@ -362,13 +363,19 @@ def test_cbam_channel_mean_is_a_correctly_rounded_division():
 def _gates_in_dtype(dtype):
   """The four gates (seed 3, ``precision="highest"``, CBAM in eval mode), a (2, 5, 6, 16)
   input in ``dtype`` and each gate's output, from one compiled call for all four (a
-  compile per gate and dtype cost more than the gates run)."""
+  compile per gate and dtype cost more than the gates run). In float32 also
+  ``"cbam_default"``, the same CBAM with ``precision=DEFAULT``, for
+  test_gates_precision_reaches_every_layer (in a program of its own, this file's lambdas
+  took 2.9 s of compile CPU in 7 programs; so, 2.7 s in 6)."""
   gates = {}
   for name, cls in _GATES.items():
     gates[name] = build(cls, 16, seed=3, precision="highest")
     if name == "cbam":
       gates[name].eval()  # the reference uses the running statistics (mean 1, var 1 from build)
-  x = jnp.asarray(np.random.default_rng(7).standard_normal((2, 5, 6, 16)), dtype)
+  if dtype == jnp.float32:
+    gates["cbam_default"] = build(CBAM, 16, seed=3, precision=lax.Precision.DEFAULT)
+    gates["cbam_default"].eval()
+  x = np.random.default_rng(7).standard_normal((2, 5, 6, 16)).astype(dtype)
   outputs = nnx.jit(lambda gates, x: {name: g(x) for name, g in gates.items()})(gates, x)
   return gates, x, outputs
 
@@ -600,13 +607,15 @@ def test_cbam_training_mode_matches_pytorch():
 
 
 # (class, positional arguments, options, input shape (N, *spatial, C)).
+# What depends on the rank is shared by SE, ESE and ECA (nnx_pool._gates._Gate._prepare, the
+# squeeze nnx_pool._numerics.spatial_mean and the scaling _gates._scaled): se_1d and eca_1d
+# cover it in 1-D, ese_3d in 3-D, values and gradients. CBAM's spatial convolution follows
+# the rank: both ranks. (se_3d, ese_1d and eca_3d took those shared paths again; without
+# them the one program's compile went from 2.6 s to 2.1 s of CPU, compile census.)
 _RANKED = {
     "se_1d": (SqueezeExcitation, (6, 2), {}, (2, 9, 6)),
-    "se_3d": (SqueezeExcitation, (6, 2), {}, (2, 3, 4, 5, 6)),
-    "ese_1d": (EffectiveSqueezeExcitation, (5,), {}, (2, 7, 5)),
     "ese_3d": (EffectiveSqueezeExcitation, (5,), {}, (2, 3, 2, 4, 5)),
     "eca_1d": (EfficientChannelAttention, (8, 3), {}, (2, 6, 8)),
-    "eca_3d": (EfficientChannelAttention, (8, 5), {}, (2, 2, 3, 4, 8)),
     "cbam_1d": (CBAM, (8, 2), {"spatial_kernel_size": 5}, (2, 9, 8)),
     "cbam_3d": (CBAM, (8, 2), {"spatial_kernel_size": 3, "use_bias": True}, (2, 3, 4, 5, 8)),
 }
@@ -851,12 +860,11 @@ def test_gates_precision_reaches_every_layer():
     with pytest.raises(error, match=expected):
       build(CBAM, 8, precision=precision)
   # Both run. The gate's output agrees within TF32's rounding (a GPU's DEFAULT); on CPU,
-  # where precision does not change float32 arithmetic, exactly.
-  x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5, 5, 8)), jnp.float32)
-  highest, default = (build(CBAM, 8, seed=2, precision=precision)
-                      for precision in (lax.Precision.HIGHEST, lax.Precision.DEFAULT))
-  # One program for both (two compiles of the same CBAM cost more than it runs).
-  highest, default = nnx.jit(lambda a, b, v: (a(v), b(v)))(highest, default, x)
+  # where precision does not change float32 arithmetic, exactly. The same CBAM with
+  # precision "highest" and DEFAULT, run in test_gates_keep_the_input_dtype's float32 program.
+  gates, x, outputs = _gates_in_dtype(jnp.float32)
+  assert gates["cbam_default"].spatial_conv.precision == lax.Precision.DEFAULT
+  highest, default = outputs["cbam"], outputs["cbam_default"]
   assert highest.shape == default.shape == x.shape
   np.testing.assert_allclose(highest, default, rtol=1e-2, atol=1e-2)
 
@@ -879,7 +887,7 @@ def test_cbam_use_running_average_at_call_time():
   for variable, value in ((norm.mean, 0.3), (norm.var, 2.0), (norm.scale, 1.5),
                           (norm.bias, -0.2)):
     set_param(variable, [value])
-  x = jnp.asarray(np.random.default_rng(8).standard_normal((2, 5, 6, 8)), jnp.float32)
+  x = np.random.default_rng(8).standard_normal((2, 5, 6, 8)).astype(np.float32)
   x64, rnd = np.asarray(x, np.float64), _rounder(np.float32)
   np.testing.assert_allclose(apply_cbam(cbam, x, True),
                              _np_gate("cbam", _np_params(cbam), x64, rnd), rtol=1e-5, atol=1e-6)
