@@ -43,6 +43,12 @@ def apply(module, x):
   return module(x)
 
 
+@nnx.jit
+def apply_both(a, b, x):
+  """``a(x)`` and ``b(x)`` in one compiled program (each program has a set-up cost)."""
+  return a(x), b(x)
+
+
 def build(cls, *args, seed=0, **kwargs):
   """``cls(*args, **kwargs)`` with seeded uniform(-1, 1) parameters, batch statistics in
   [0.5, 1.5]; built from shapes, so no initialiser is compiled (tests/_cheap.py)."""
@@ -50,7 +56,8 @@ def build(cls, *args, seed=0, **kwargs):
 
 
 def set_param(variable, value):
-  variable[...] = jnp.asarray(value, jnp.float32)
+  # Cast by NumPy and placed: jnp.asarray(float64, float32) compiles a conversion per shape.
+  variable[...] = jax.device_put(np.asarray(value, np.float32))
 
 
 def _flat(tree) -> dict[str, np.ndarray]:
@@ -72,7 +79,7 @@ def test_circular_eca_hand_computed():
   # Zero padding (EcaModule) would give 210 and 43 at the ends.
   eca = build(EfficientChannelAttention, 4, 3, gate=identity, circular=True, num_spatial_dims=1)
   set_param(eca.conv.kernel, np.array([1.0, 10.0, 100.0]).reshape(3, 1, 1))
-  x = jnp.array([[[1.0, 2.0, 3.0, 4.0]]])  # (N, L, C) = (1, 1, 4)
+  x = np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32)  # (N, L, C) = (1, 1, 4)
   np.testing.assert_array_equal(apply(eca, x), [[[214.0, 642.0, 1296.0, 572.0]]])
 
 
@@ -90,15 +97,16 @@ def test_se_add_maxpool_and_norm_hand_computed():
   for variable, value in ((se.bn.mean, 1.0), (se.bn.var, np.float32(4) - np.float32(1e-5)),
                           (se.bn.scale, 3.0), (se.bn.bias, -1.0)):
     set_param(variable, [value])
-  x = jnp.array([[[1.0, 0.0], [2.0, 4.0]], [[3.0, 0.0], [6.0, 4.0]]])[None]
+  x = np.array([[[1.0, 0.0], [2.0, 4.0]], [[3.0, 0.0], [6.0, 4.0]]], np.float32)[None]
   se.eval()
-  np.testing.assert_allclose(apply(se, x), x, rtol=1e-6)
   # Without the norm the hidden value 2 goes through as is: fc2 -> [4, -0.5].
   plain = build(SqueezeExcitation, 2, 1, gate=identity, add_maxpool=True)
   for name in ("fc1", "fc2"):
     for part in ("kernel", "bias"):
       set_param(getattr(getattr(plain, name), part), getattr(getattr(se, name), part)[...])
-  np.testing.assert_array_equal(apply(plain, x), np.asarray(x) * [4.0, -0.5])
+  normed, unnormed = apply_both(se, plain, x)
+  np.testing.assert_allclose(normed, x, rtol=1e-6)
+  np.testing.assert_array_equal(unnormed, x * [4.0, -0.5])
 
 
 def test_light_cbam_hand_computed():
@@ -120,7 +128,7 @@ def test_light_cbam_hand_computed():
                           (norm.scale, 1.0), (norm.bias, -math.log(3) - 2.5 * w)):
     set_param(variable, [value])
   cbam.eval()
-  x = jnp.array([[[[4.0, 2.0], [8.0, 6.0]]]])
+  x = np.array([[[[4.0, 2.0], [8.0, 6.0]]]], np.float32)
   np.testing.assert_allclose(apply(cbam, x), [[[[0.75, 0.25], [4.5, 2.25]]]], rtol=1e-6)
 
 
@@ -148,11 +156,12 @@ def test_global_context_hand_computed():
   # 1 / sqrt(1 + 1e-6 / var), var = ((v - u) / 2)^2 = 9.5, within 1e-7 of 1); relu -> [0, 1];
   # fc2's last row: mlp_scale -> [0, log 3], sigmoid [0.5, 0.75]; mlp_add -> [1, -2].
   # y = x * [0.5, 0.75] + [1, -2]: a = [1, 1], b = [log 3 / 2 + 1, 4].
-  x = jnp.array([[[[0.0, 4.0], [math.log(3), 8.0]]]])  # (1, 1, 2, 2)
+  x = np.array([[[[0.0, 4.0], [math.log(3), 8.0]]]], np.float32)  # (1, 1, 2, 2)
   expected = [[[[1.0, 1.0], [math.log(3) / 2 + 1, 4.0]]]]
-  np.testing.assert_allclose(apply(_gc_hand(True), x), expected, rtol=1e-6)
+  attn, mean = apply_both(_gc_hand(True), _gc_hand(False), x)
+  np.testing.assert_allclose(attn, expected, rtol=1e-6)
   # The mean (use_attn=False) gives the context [log 3 / 2, 6], also u < v: the same y.
-  np.testing.assert_allclose(apply(_gc_hand(False), x), expected, rtol=1e-6)
+  np.testing.assert_allclose(mean, expected, rtol=1e-6)
 
 
 def test_global_context_initialisation():
@@ -549,28 +558,32 @@ def test_half_precision_stays_half():
 
 
 @functools.partial(nnx.jit, static_argnames="use_running_average")
-def _call(gate, x, use_running_average=None):
-  return gate(x, use_running_average=use_running_average)
+def _call(gates, x, use_running_average=None):
+  """Each gate on ``x``, one compiled program for all."""
+  return [gate(x, use_running_average=use_running_average) for gate in gates]
 
 
 def test_batch_norm_gates_train_and_eval():
   # As CBAM: built in training mode (batch statistics; a call updates the running ones),
   # .eval() and use_running_average=True use the running statistics, and the per-call
-  # argument leaves the module's mode alone.
-  x = jnp.asarray(np.random.default_rng(6).standard_normal((4, 3, 3, 8)), jnp.float32)
-  for gate, norm in ((build(SqueezeExcitation, 8, 2, norm=True), "bn"),
-                     (build(LightCBAM, 8, 2, spatial_kernel_size=3), "spatial_norm")):
-    bn = getattr(gate, norm)
-    before = np.asarray(bn.mean[...])
-    evaluated = _call(gate, x, use_running_average=True)
-    np.testing.assert_array_equal(bn.mean[...], before)
+  # argument leaves the module's mode alone. Both gates in each program (3 programs, not 6).
+  x = np.random.default_rng(6).standard_normal((4, 3, 3, 8)).astype(np.float32)
+  gates = [build(SqueezeExcitation, 8, 2, norm=True), build(LightCBAM, 8, 2, spatial_kernel_size=3)]
+  norms = [gates[0].bn, gates[1].spatial_norm]
+  before = [np.asarray(bn.mean[...]) for bn in norms]
+  evaluated = _call(gates, x, use_running_average=True)
+  for bn, mean in zip(norms, before, strict=True):
+    np.testing.assert_array_equal(bn.mean[...], mean)
     assert bn.use_running_average is False
-    _call(gate, x)
-    assert not np.allclose(bn.mean[...], before)  # a training call updates the running mean
+  _call(gates, x)
+  for bn, mean in zip(norms, before, strict=True):
+    assert not np.allclose(bn.mean[...], mean)  # a training call updates the running mean
+  for gate in gates:
     gate.eval()
-    assert bn.use_running_average is True
-    running = _call(gate, x)
-    assert not np.allclose(running, evaluated)  # the running mean moved in between
+  running = _call(gates, x)
+  for i, (bn, y, y_eval) in enumerate(zip(norms, running, evaluated, strict=True)):
+    assert bn.use_running_average is True, i
+    assert not np.allclose(y, y_eval), i  # the running mean moved in between
 
 
 def test_channels_first_inputs_are_named():
