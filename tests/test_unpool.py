@@ -37,25 +37,32 @@ def test_maxunpool_default_and_explicit_output_size():
 
 
 def test_maxunpool_gradient_returns_to_inputs_by_either_rule():
-  x = jnp.array([1.0, 2.0, 3.0])[None, :, None]
-  idx = jnp.array([1, 1, 3])[None, :, None]  # inputs 0 and 1 both name cell 1
-  cotangent = jnp.array([10.0, 20.0, 30.0, 40.0, 50.0])[None, :, None]
-  # Default size (3 - 1) * 2 + 2 = 6; 5 is within one stride.
-  y = MaxUnpool((2,))(x, idx, output_size=(5,))
+  x = np.array([1.0, 2.0, 3.0], np.float32)[None, :, None]
+  idx = np.array([1, 1, 3], np.int32)[None, :, None]  # inputs 0 and 1 both name cell 1
+  cotangent = np.array([10.0, 20.0, 30.0, 40.0, 50.0], np.float32)[None, :, None]
+  rules = ("written", "gather")
+  unpools = [MaxUnpool((2,), gradient=gradient) for gradient in rules]
+
+  @jax.jit  # every call in one program (eager, each op and gradient compiled alone)
+  def run(x):
+    # Default size (3 - 1) * 2 + 2 = 6; 5 is within one stride.
+    return MaxUnpool((2,))(x, idx, output_size=(5,)), [
+        (jax.grad(lambda x, u=u: jnp.sum(u(x, idx, output_size=(5,)) * cotangent))(x),
+         jax.jvp(lambda x, u=u: u(x, idx, output_size=(5,)), (x,), (x,))[1])
+        for u in unpools]
+
+  y, pulled = run(x)
   # The last writer in row-major input order wins the shared cell.
   np.testing.assert_array_equal(y[0, :, 0], [0, 2, 0, 3, 0])
   # By hand: "written", each cell's cotangent to the input written there (input 0 lost
   # cell 1 to input 1, so it gets 0); "gather", PyTorch's, each input the cotangent of the
-  # cell it names (inputs 0 and 1 both 20). Forward mode: the tangents of the writers, or
-  # (its transpose) the sum of every input naming the cell.
-  for gradient, want, tangent in (("written", [0, 20, 40], [0, 2, 0, 3, 0]),
-                                  ("gather", [20, 20, 40], [0, 3, 0, 3, 0])):
-    unpool = MaxUnpool((2,), gradient=gradient)
+  # cell it names (inputs 0 and 1 both 20). Forward mode (tangents 1, 2, 3): the tangents
+  # of the writers, or (its transpose) the sum of every input naming the cell.
+  for gradient, unpool, (grad, out_tangent), want, tangent in zip(
+      rules, unpools, pulled, ([0, 20, 40], [20, 20, 40]), ([0, 2, 0, 3, 0], [0, 3, 0, 3, 0]),
+      strict=True):
     assert unpool.gradient == gradient
-    grad = jax.grad(lambda x, u=unpool: jnp.sum(u(x, idx, output_size=(5,)) * cotangent))(x)
     np.testing.assert_array_equal(grad[0, :, 0], want, err_msg=gradient)
-    _, out_tangent = jax.jvp(lambda x, u=unpool: u(x, idx, output_size=(5,)), (x,),
-                             (jnp.array([1.0, 2.0, 3.0])[None, :, None],))
     np.testing.assert_array_equal(out_tangent[0, :, 0], tangent, err_msg=gradient)
   with pytest.raises(ValueError, match=r"`gradient` must be one of 'written' \(each cell's "):
     MaxUnpool(2, gradient="torch")
