@@ -25,8 +25,8 @@ def test_maxunpool_default_and_explicit_output_size():
   unpool = MaxUnpool(3, 2, 1, num_spatial_dims=1)
   # PyTorch: (in - 1) * s - 2p + k = (3 - 1) * 2 - 2 + 3 = 5.
   assert unpool.default_output_size((3,)) == (5,)
-  x = jnp.ones((1, 3, 1))
-  idx = jnp.array([0, 2, 4])[None, :, None]
+  x = np.ones((1, 3, 1), np.float32)  # NumPy inputs: jnp ones compile a program each
+  idx = np.array([0, 2, 4], np.int32)[None, :, None]
   np.testing.assert_array_equal(unpool(x, idx)[0, :, 0], [1, 0, 1, 0, 1])
   # Within one stride of 5: 4 and 6 are allowed (also as a full NHWC shape); 3 and 7 not.
   assert unpool(x, idx, output_size=(6,)).shape == (1, 6, 1)
@@ -84,15 +84,15 @@ def test_maxunpool_matches_reference_and_jit():
 
 def test_maxunpool_bad_input():
   unpool = MaxUnpool((2, 2), in_features=2)
-  x = jnp.ones((1, 2, 2, 2))
+  x = np.ones((1, 2, 2, 2), np.float32)  # NumPy inputs: jnp ones compile a program each
   with pytest.raises(ValueError, match=r"`indices` must lie in \[0, 16\)"):
-    unpool(x, jnp.full((1, 2, 2, 2), 16))
+    unpool(x, np.full((1, 2, 2, 2), 16, np.int32))
   with pytest.raises(ValueError, match="`indices` must have the shape of `inputs`"):
-    unpool(x, jnp.zeros((1, 2, 2, 1), jnp.int32))
+    unpool(x, np.zeros((1, 2, 2, 1), np.int32))
   with pytest.raises(TypeError, match="`indices` must be integers"):
-    unpool(x, jnp.zeros((1, 2, 2, 2)))
+    unpool(x, np.zeros((1, 2, 2, 2), np.float32))
   with pytest.raises(ValueError, match="NCHW"):
-    unpool(jnp.ones((1, 2, 3, 3)), jnp.zeros((1, 2, 3, 3), jnp.int32))
+    unpool(np.ones((1, 2, 3, 3), np.float32), np.zeros((1, 2, 3, 3), np.int32))
   with pytest.raises(ValueError, match=r"`padding` must be non-negative; got -1\."):
     MaxUnpool((2,), padding=-1)
 
@@ -205,8 +205,8 @@ def test_maxunpool_default_size_for_padding_pairs_and_dilation():
 
 
 def test_maxunpool_same_needs_output_size_and_checks_it():
-  values = jnp.ones((1, 4, 4, 1))
-  indices = jnp.zeros((1, 4, 4, 1), jnp.int32)
+  values = np.ones((1, 4, 4, 1), np.float32)  # NumPy inputs: jnp ones compile
+  indices = np.zeros((1, 4, 4, 1), np.int32)
   unpool = MaxUnpool(3, 2, "SAME")
   with pytest.raises(ValueError, match=r'padding="SAME" needs `output_size`'):
     unpool(values, indices)
