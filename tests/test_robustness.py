@@ -130,8 +130,9 @@ def _values(shape, seed, *, dtype="float32", specials=True) -> np.ndarray:
 
 
 def _rebatch(out, batched):
-  """A module's output with the batch axis back (an unbatched call drops it)."""
-  return out if batched else jax.tree.map(lambda a: a[None], out)
+  """A module's output with the batch axis back (an unbatched call drops it), in NumPy (a[None]
+  on a jax.Array compiles a program for each shape)."""
+  return jax.tree.map(lambda a: np.asarray(a) if batched else np.asarray(a)[None], out)
 
 
 def _jitted(module, x):
@@ -140,9 +141,16 @@ def _jitted(module, x):
   Each example has its own shapes, so each compiles anew; called eagerly, a module
   also compiles every small step (layout, bins, a gate's layers) on its own, which
   costs more than the pooling. Eager calls equal jitted ones (test_pool.py, test_gates.py
-  and test_adaptive.py check that), and the fuzz tests below stay eager.
+  and test_adaptive.py check that); the fuzz tests below trace under nnx.eval_shape.
   """
-  return nnx.jit(lambda m, v: m(v))(module, x)
+  return _call(module, x)
+
+
+@nnx.jit
+def _call(module, x):
+  """One jitted function for all of _jitted's calls: an example that repeats an earlier
+  one's module configuration and input shape reuses its program."""
+  return module(x)
 
 
 @nnx.jit
