@@ -44,24 +44,25 @@ def test_globalavgpool_seed000_bit_exact(h, w):
 def test_globalavgpool_keepdims_unbatched_and_1d_3d():
   # Hand computation: arange(12) as (2, 3, 2) (H, W, C): channel 0 holds 0, 2, ..., 10
   # (mean 5), channel 1 holds 1, 3, ..., 11 (mean 6).
-  x = jnp.arange(12.0).reshape(2, 3, 2)
+  x = np.arange(12.0, dtype=np.float32).reshape(2, 3, 2)  # NumPy inputs: jnp ones compile
   np.testing.assert_array_equal(GlobalAvgPool()(x), [5.0, 6.0])
   assert GlobalAvgPool(keepdims=True)(x).shape == (1, 1, 2)
   assert GlobalAvgPool(keepdims=True)(x[None]).shape == (1, 1, 1, 2)
   # 1-D: (N, L, C) = (1, 4, 1) of [1, 2, 3, 6] -> 3; 3-D: ones -> 1.
-  one_d = jnp.array([[[1.0], [2.0], [3.0], [6.0]]])
+  one_d = np.array([[[1.0], [2.0], [3.0], [6.0]]], np.float32)
   np.testing.assert_array_equal(GlobalAvgPool(num_spatial_dims=1)(one_d), [[3.0]])
-  y = GlobalAvgPool(num_spatial_dims=3, keepdims=True)(jnp.ones((2, 3, 4, 5, 6)))
+  y = GlobalAvgPool(num_spatial_dims=3, keepdims=True)(np.ones((2, 3, 4, 5, 6), np.float32))
   np.testing.assert_array_equal(y, np.ones((2, 1, 1, 1, 6)))
 
 
 def test_globalmaxpool_values_nan_and_integers():
   # Hand computation: per-channel maxima of a 2x2 map; NaN propagates; int32 kept.
-  x = jnp.array([[[3.0, 0.0], [1.0, 5.0]], [[2.0, 7.0], [4.0, 1.0]]])
+  x = np.array([[[3.0, 0.0], [1.0, 5.0]], [[2.0, 7.0], [4.0, 1.0]]], np.float32)
   np.testing.assert_array_equal(GlobalMaxPool()(x), [4.0, 7.0])
-  x_nan = x.at[1, 0, 1].set(jnp.nan)
+  x_nan = x.copy()  # NumPy inputs: jnp ones and x.at[].set compile
+  x_nan[1, 0, 1] = np.nan
   np.testing.assert_array_equal(GlobalMaxPool()(x_nan), [4.0, np.nan])
-  y = GlobalMaxPool()(jnp.array([[[3], [9]], [[-2], [4]]], jnp.int32))
+  y = GlobalMaxPool()(np.array([[[3], [9]], [[-2], [4]]], np.int32))
   np.testing.assert_array_equal(y, [9])
   assert y.dtype == jnp.int32
 
@@ -69,8 +70,8 @@ def test_globalmaxpool_values_nan_and_integers():
 def test_globalmaxpool_gradient_goes_to_first_tie():
   # Hand computation: the plane [[5, 1], [5, 5]] has its first maximum at cell 0, so
   # (as PyTorch's adaptive_max_pool2d(x, 1)) all of the gradient goes there, unsplit.
-  x = jnp.array([[5.0, 1.0], [5.0, 5.0]])[None, :, :, None]
-  grad = jax.grad(lambda a: GlobalMaxPool()(a).sum())(x)
+  x = np.array([[5.0, 1.0], [5.0, 5.0]], np.float32)[None, :, :, None]
+  grad = jax.jit(jax.grad(lambda a: GlobalMaxPool()(a).sum()))(x)  # eager: op by op
   np.testing.assert_array_equal(grad[0, :, :, 0], [[1.0, 0.0], [0.0, 0.0]])
 
 
@@ -161,9 +162,10 @@ def test_masked_gradients_are_finite_zero_where_masked_and_by_hand():
   # Hand computation on one (2, 4) map, one channel, of which cells 1, 2 and 4 are valid
   # and the masked cells hold inf and NaN: the mean's gradient is 1/3 on each valid cell;
   # the max's, the first maximum among the valid cells (cell 2, tied with cell 4), 1 there.
-  x = jnp.array([[np.nan, 1.0, 7.0, np.inf], [7.0, np.nan, -np.inf, 2.0]])[None, :, :, None]
-  mask = jnp.array([[[False, True, True, False], [True, False, False, False]]])
-  empty = jnp.zeros_like(mask)
+  x = np.array([[np.nan, 1.0, 7.0, np.inf], [7.0, np.nan, -np.inf, 2.0]],
+               np.float32)[None, :, :, None]
+  mask = np.array([[[False, True, True, False], [True, False, False, False]]])
+  empty = np.zeros_like(mask)  # NumPy inputs: jnp ones compile a program each
 
   def loss(a, m):
     return (GlobalAvgPool()(a, m).sum(), GlobalMaxPool()(a, m).sum())
@@ -179,26 +181,27 @@ def test_masked_gradients_are_finite_zero_where_masked_and_by_hand():
     assert float(value) == 0.0
     np.testing.assert_array_equal(grad, np.zeros(x.shape))
   # Forward mode: the tangent of the max is that of its cell; of the mean, the valid ones'.
-  tangent = jnp.arange(8.0).reshape(x.shape)
-  _, (avg_t, max_t) = jax.jvp(lambda a: loss(a, mask), (x,), (tangent,))
+  tangent = np.arange(8.0, dtype=np.float32).reshape(x.shape)
+  _, (avg_t, max_t) = jax.jit(lambda a, t: jax.jvp(lambda a: loss(a, mask), (a,), (t,)))(
+      x, tangent)  # jitted (eager compiles op by op); reverse mode runs both ways above
   assert float(avg_t) == pytest.approx((1 + 2 + 4) / 3) and float(max_t) == 2.0
 
 
 def test_a_mask_of_the_wrong_shape_or_dtype_is_refused_naming_both_shapes():
-  x = jnp.ones((2, 5, 3))
+  x = np.ones((2, 5, 3), np.float32)  # NumPy inputs: jnp.ones compiles a broadcast a shape
   pool = GlobalAvgPool(num_spatial_dims=1)
   with pytest.raises(ValueError) as info:
-    pool(x, jnp.ones((5,), bool))
+    pool(x, np.ones((5,), bool))
   assert str(info.value) == (
       "GlobalAvgPool: `mask` must have shape (*batch, *spatial) = (2, 5), the input's shape "
       "(2, 5, 3) without its channel axis; got (5,).")
   with pytest.raises(ValueError, match=r"got \(2, 5, 1\)\. Drop its channel axis: mask\[..., 0\]"):
-    F.global_max_pool(x, jnp.ones((2, 5, 1), bool), num_spatial_dims=1)
+    F.global_max_pool(x, np.ones((2, 5, 1), bool), num_spatial_dims=1)
   with pytest.raises(ValueError, match=r"the same for every channel: pass mask\[\.\.\., 0\]"):
-    pool(x, jnp.ones((2, 5, 3), bool))
+    pool(x, np.ones((2, 5, 3), bool))
   with pytest.raises(TypeError, match=r"^global_avg_pool: `mask` must be bool .* got dtype "
                                       r"float32\. For a 0/1 float mask m, pass m != 0\.$"):
-    F.global_avg_pool(x, jnp.ones((2, 5)), num_spatial_dims=1)
+    F.global_avg_pool(x, np.ones((2, 5), np.float32), num_spatial_dims=1)
   with pytest.raises(TypeError, match=r"`mask` must be an array; got str"):
     pool(x, "valid")
 

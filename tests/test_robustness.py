@@ -23,6 +23,7 @@ the library change it needs, until that change lands.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import linecache
 import math
@@ -129,8 +130,9 @@ def _values(shape, seed, *, dtype="float32", specials=True) -> np.ndarray:
 
 
 def _rebatch(out, batched):
-  """A module's output with the batch axis back (an unbatched call drops it)."""
-  return out if batched else jax.tree.map(lambda a: a[None], out)
+  """A module's output with the batch axis back (an unbatched call drops it), in NumPy (a[None]
+  on a jax.Array compiles a program for each shape)."""
+  return jax.tree.map(lambda a: np.asarray(a) if batched else np.asarray(a)[None], out)
 
 
 def _jitted(module, x):
@@ -139,9 +141,16 @@ def _jitted(module, x):
   Each example has its own shapes, so each compiles anew; called eagerly, a module
   also compiles every small step (layout, bins, a gate's layers) on its own, which
   costs more than the pooling. Eager calls equal jitted ones (test_pool.py, test_gates.py
-  and test_adaptive.py check that), and the fuzz tests below stay eager.
+  and test_adaptive.py check that); the fuzz tests below trace under nnx.eval_shape.
   """
-  return nnx.jit(lambda m, v: m(v))(module, x)
+  return _call(module, x)
+
+
+@nnx.jit
+def _call(module, x):
+  """One jitted function for all of _jitted's calls: an example that repeats an earlier
+  one's module configuration and input shape reuses its program."""
+  return module(x)
 
 
 @nnx.jit
@@ -275,35 +284,40 @@ def test_max_unpool_matches_mirror(cfg, dtype):
   x = _values(shape, cfg["seed"], dtype="int32" if dtype == "int32" else "float32",
               specials=False)
   x = x.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else x
-  try:
-    values, indices = _jitted(MaxPool(cfg["window"], cfg["strides"], cfg["padding"],
-                                      return_indices=True), x)
+  pool = MaxPool(cfg["window"], cfg["strides"], cfg["padding"], return_indices=True)
+  try:  # traced only: the pooled shape, or the refusal, without a compile
+    pooled = jax.eval_shape(pool, x)[0].shape
   except ValueError:
     assume(False)  # an invalid pooling: tests/test_pool_properties.py covers it
-  values, indices = np.asarray(values), np.asarray(indices)
-  plain = values.astype(np.float32) if dtype == "bfloat16" else values  # the mirror's dtypes
   output_size = None
   if cfg["shift"] is not None:
     default = MaxUnpool(cfg["window"], cfg["strides"], cfg["padding"]).default_output_size(
-        values.shape[1:-1])
+        pooled[1:-1])
     output_size = tuple(d + s for d, s in zip(default, cfg["shift"], strict=True))
     assume(min(output_size) >= 1)
   unpool = MaxUnpool(cfg["window"], cfg["strides"], cfg["padding"])
+
+  @jax.jit
+  def pool_and_unpool(v):  # one compile an example (a jit each and the eager slices: three)
+    values, indices = pool(v)
+    if not cfg["batch"]:  # the unbatched call
+      return values, indices, unpool(values[0], indices[0], output_size)[None]
+    return values, indices, unpool(values, indices, output_size)
+
+  values, indices, got = jax.device_get(pool_and_unpool(x))
+  plain = values.astype(np.float32) if dtype == "bfloat16" else values  # the mirror's dtypes
   try:  # NumPy mirror: PyTorch's MaxUnpool, the later of two equal indices wins
     want = reference.max_unpool(plain, indices, cfg["window"], cfg["strides"], cfg["padding"],
                                 output_size)
   except ValueError:  # e.g. an index outside the plane (padding shrank the default size)
+    # Eager, so the indices are concrete and checked (traced, out-of-range ones are dropped).
     with pytest.raises(ValueError) as info:
       unpool(values if cfg["batch"] else values[0], indices if cfg["batch"] else indices[0],
              output_size)
     assert raised_by_nnx_pool(info.value)
     return
-  # Jitted: one compile an example (the eager refusal above needs concrete indices).
-  got = nnx.jit(lambda m, v, i: m(v, i, output_size))(
-      unpool, values if cfg["batch"] else values[0], indices if cfg["batch"] else indices[0])
-  got = _rebatch(got, cfg["batch"])
   assert got.dtype == values.dtype
-  np.testing.assert_array_equal(np.asarray(got).astype(want.dtype), want)
+  np.testing.assert_array_equal(got.astype(want.dtype), want)
 
 
 # ============================================================================
@@ -566,7 +580,8 @@ def _input_arrays(draw):
     shape = (*shape[:-1], 4)  # the gates' (and in_features') channel count
   dtype = draw(st.sampled_from(["float32", "float32", "bfloat16", "int32", "bool"]))
   values = (np.arange(math.prod(shape)).reshape(shape) % 7 - 3)
-  return jnp.asarray(values, jnp.dtype(dtype))
+  # Cast by NumPy and placed as is: jnp.asarray(values, dtype) compiles a conversion a shape.
+  return jax.device_put(values.astype(jnp.dtype(dtype)))
 
 
 @pytest.mark.parametrize("name", _POOLS)
@@ -605,13 +620,7 @@ def _fuzz(name, data):
   try:
     with _deadline():
       module = factory(**kwargs)
-      if name == "MaxUnpool":
-        out = module(x, jnp.zeros(x.shape, jnp.int32), output_size)
-      elif name == "FractionalMaxPool":
-        out = module(x, **_fractional(module, x, source))
-      else:
-        out = module(x)
-      jax.block_until_ready(out)
+      out = _traced_call(name, module, x, output_size, source)
   except (ValueError, TypeError) as e:
     assert raised_by_nnx_pool(e), f"{type(e).__name__} not raised by nnx_pool: {e}"
     event(f"refused: {type(e).__name__}")
@@ -622,9 +631,29 @@ def _fuzz(name, data):
     pytest.fail(f"{type(e).__name__} (not our ValueError/TypeError): {e}")
   event("accepted")
   leaves = jax.tree.leaves(out)
-  assert leaves and all(isinstance(leaf, jax.Array) for leaf in leaves)
+  assert leaves and all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves)
   if x.size:  # a non-empty input never gives a silently empty result
-    assert all(leaf.size for leaf in leaves), [leaf.shape for leaf in leaves]
+    assert all(math.prod(leaf.shape) for leaf in leaves), [leaf.shape for leaf in leaves]
+
+
+def _traced_call(name, module, x, output_size, source):
+  """The module's call traced by ``nnx.eval_shape``: every argument check runs, and the
+  result's shapes and dtypes come back, but nothing compiles.
+
+  Called eagerly, every example compiled each of its operations on its own (the two fuzz
+  tests took 15.8 s of `make test`'s test time, base.xml). The input, the indices and the
+  samples are closed over, not passed, so they stay concrete arrays and the checks of their
+  values (indices in range, samples in [0, 1)) run as they do eagerly; the module and an
+  ``nnx.Rngs`` go in as arguments, graph nodes that the call may update.
+  """
+  if name == "MaxUnpool":
+    indices = jax.device_put(np.zeros(x.shape, np.int32))
+    return nnx.eval_shape(lambda m: m(x, indices, output_size), module)
+  if name == "FractionalMaxPool":
+    call = _fractional(module, x, source)
+    rngs = call.pop("rngs", None)
+    return nnx.eval_shape(lambda m, r: m(x, **call, rngs=r), module, rngs)
+  return nnx.eval_shape(lambda m: m(x), module)
 
 
 def _fractional(module, x, source) -> dict:
@@ -636,7 +665,9 @@ def _fractional(module, x, source) -> dict:
     return {"samples": source}
   ndim = len(module.window_shape)
   shape = (*x.shape[:max(x.ndim - ndim - 1, 0)], x.shape[-1], ndim)
-  return {"samples": np.random.default_rng(0).uniform(size=shape).astype(np.float32)}
+  # A concrete jax.Array: a NumPy one would become a tracer in jnp.asarray under eval_shape.
+  return {"samples": jax.device_put(
+      np.random.default_rng(0).uniform(size=shape).astype(np.float32))}
 
 
 # ============================================================================
@@ -674,37 +705,66 @@ def _empty_params():
   return params
 
 
+def _empty_call(name, where):
+  """The module with its default arguments, and its call on an empty batch (0, 4, 4, 4) or
+  on empty channels (2, 4, 4, 0); the inputs are NumPy zeros, closed over."""
+  if name == "AttentionPoolLatent":  # tokens (N, L, C): an empty batch of 16 tokens
+    tokens = np.zeros((0, 16, 4), np.float32)
+    return build(AttentionPoolLatent, 4, num_heads=2), lambda m: m(tokens)
+  factory, valid = _MODULES[name]
+  module = factory(**{arg: values[0] for arg, values in valid.items()})
+  shape = (0, 4, 4, 4) if where == "batch" else (2, 4, 4, 0)
+  x = np.zeros(shape, np.float32)
+  if name == "MaxUnpool":
+    indices = np.zeros(shape, np.int32)
+    return module, lambda m: m(x, indices)
+  if name == "FractionalMaxPool":  # PyTorch's _random_samples: (N, C, 2)
+    samples = np.full((shape[0], shape[-1], 2), 0.5, np.float32)
+    return module, lambda m: m(x, samples=samples)
+  return module, lambda m: m(x)
+
+
+def _empty_names(where):
+  return [name for name in sorted(_MODULES) if (name, where) not in _EMPTY_XFAIL
+          and not (name in _GATES and where == "channels")]
+
+
+@functools.cache
+def _empty_results(where) -> dict:
+  """Each module's (first) result on empty dims, all from one nnx.jit program a `where`.
+
+  One nnx.jit a module: 47 programs, 0.50 s of compile CPU; these two: 0.10 s (census
+  plugin, -k empty_batch_or).
+  A module that fails fails every test of its `where`, its name in the traceback; the
+  gaps in _EMPTY_XFAIL run alone, so that each fails on its own.
+  """
+  names = _empty_names(where)
+  modules, calls = zip(*(_empty_call(name, where) for name in names), strict=True)
+  results = nnx.jit(lambda ms: [jax.tree.leaves(call(m))[0]
+                                for m, call in zip(ms, calls, strict=True)])(list(modules))
+  return dict(zip(names, results, strict=True))
+
+
 @pytest.mark.parametrize(("name", "where"), _empty_params())
 def test_empty_batch_or_channels_give_an_empty_result_of_the_right_shape(name, where):
-  factory, valid = _MODULES[name]
   if name in _GATES and where == "channels":
     pytest.skip("a gate's channel count is its in_features, which must be positive")
-  shape = (0, 4, 4, 4) if where == "batch" else (2, 4, 4, 0)
-  # Run under one nnx.jit (_jitted): eagerly, each layout step compiled on its own.
-  if name == "AttentionPoolLatent":  # tokens (N, L, C): an empty batch of 16 tokens
-    out = _jitted(build(AttentionPoolLatent, 4, num_heads=2), jnp.zeros((0, 16, 4)))
-    assert out.shape == (0, 4)
-    return
-  x = jnp.zeros(shape, jnp.float32)
-  module = factory(**{arg: values[0] for arg, values in valid.items()})
-  if name == "MaxUnpool":
-    out = nnx.jit(lambda m, v, i: m(v, i))(module, x, jnp.zeros(shape, jnp.int32))
-    expected = (shape[0], 8, 8, shape[-1])
+  if (name, where) in _EMPTY_XFAIL:
+    module, call = _empty_call(name, where)
+    out = jax.tree.leaves(nnx.jit(call)(module))[0]
   else:
-    if name == "FractionalMaxPool":  # PyTorch's _random_samples: (N, C, 2)
-      samples = np.full((shape[0], shape[-1], 2), 0.5, np.float32)
-      out = nnx.jit(lambda m, v, s: m(v, samples=s))(module, x, samples)
-    else:
-      out = _jitted(module, x)
-    out = jax.tree.leaves(out)[0]
-    expected = {  # hand: what each module does to a (N, 4, 4, C) map
-        "AvgPool": (2, 2), "MaxPool": (2, 2), "MinPool": (2, 2), "LPPool": (2, 2),
-        "GlobalAvgPool": (), "GlobalMaxPool": (), "AdaptiveAvgPool": (2, 2),
-        "AdaptiveMaxPool": (2, 2), "SelectAdaptivePool": (1, 1), "GeMPool": (),
-        "LsePlusPool": (), "AttentionPool": (), "BlurPool": (2, 2), "MedianPool": (2, 2),
-        "FractionalMaxPool": (2, 2),
-    }.get(name, (4, 4))
-    expected = (shape[0], *expected, shape[-1])
+    out = _empty_results(where)[name]
+  shape = (0, 4, 4, 4) if where == "batch" else (2, 4, 4, 0)
+  expected = {  # hand: what each module does to a (N, 4, 4, C) map
+      "AvgPool": (2, 2), "MaxPool": (2, 2), "MinPool": (2, 2), "LPPool": (2, 2),
+      "MaxUnpool": (8, 8), "GlobalAvgPool": (), "GlobalMaxPool": (), "AdaptiveAvgPool": (2, 2),
+      "AdaptiveMaxPool": (2, 2), "SelectAdaptivePool": (1, 1), "GeMPool": (),
+      "LsePlusPool": (), "AttentionPool": (), "BlurPool": (2, 2), "MedianPool": (2, 2),
+      "FractionalMaxPool": (2, 2),
+  }.get(name, (4, 4))
+  expected = (shape[0], *expected, shape[-1])
+  if name == "AttentionPoolLatent":  # 16 tokens of 4 channels pooled to one vector
+    expected = (0, 4)
   assert out.shape == expected and out.size == 0
 
 

@@ -25,8 +25,8 @@ def test_maxunpool_default_and_explicit_output_size():
   unpool = MaxUnpool(3, 2, 1, num_spatial_dims=1)
   # PyTorch: (in - 1) * s - 2p + k = (3 - 1) * 2 - 2 + 3 = 5.
   assert unpool.default_output_size((3,)) == (5,)
-  x = jnp.ones((1, 3, 1))
-  idx = jnp.array([0, 2, 4])[None, :, None]
+  x = np.ones((1, 3, 1), np.float32)  # NumPy inputs: jnp ones compile a program each
+  idx = np.array([0, 2, 4], np.int32)[None, :, None]
   np.testing.assert_array_equal(unpool(x, idx)[0, :, 0], [1, 0, 1, 0, 1])
   # Within one stride of 5: 4 and 6 are allowed (also as a full NHWC shape); 3 and 7 not.
   assert unpool(x, idx, output_size=(6,)).shape == (1, 6, 1)
@@ -37,25 +37,32 @@ def test_maxunpool_default_and_explicit_output_size():
 
 
 def test_maxunpool_gradient_returns_to_inputs_by_either_rule():
-  x = jnp.array([1.0, 2.0, 3.0])[None, :, None]
-  idx = jnp.array([1, 1, 3])[None, :, None]  # inputs 0 and 1 both name cell 1
-  cotangent = jnp.array([10.0, 20.0, 30.0, 40.0, 50.0])[None, :, None]
-  # Default size (3 - 1) * 2 + 2 = 6; 5 is within one stride.
-  y = MaxUnpool((2,))(x, idx, output_size=(5,))
+  x = np.array([1.0, 2.0, 3.0], np.float32)[None, :, None]
+  idx = np.array([1, 1, 3], np.int32)[None, :, None]  # inputs 0 and 1 both name cell 1
+  cotangent = np.array([10.0, 20.0, 30.0, 40.0, 50.0], np.float32)[None, :, None]
+  rules = ("written", "gather")
+  unpools = [MaxUnpool((2,), gradient=gradient) for gradient in rules]
+
+  @jax.jit  # every call in one program (eager, each op and gradient compiled alone)
+  def run(x):
+    # Default size (3 - 1) * 2 + 2 = 6; 5 is within one stride.
+    return MaxUnpool((2,))(x, idx, output_size=(5,)), [
+        (jax.grad(lambda x, u=u: jnp.sum(u(x, idx, output_size=(5,)) * cotangent))(x),
+         jax.jvp(lambda x, u=u: u(x, idx, output_size=(5,)), (x,), (x,))[1])
+        for u in unpools]
+
+  y, pulled = run(x)
   # The last writer in row-major input order wins the shared cell.
   np.testing.assert_array_equal(y[0, :, 0], [0, 2, 0, 3, 0])
   # By hand: "written", each cell's cotangent to the input written there (input 0 lost
   # cell 1 to input 1, so it gets 0); "gather", PyTorch's, each input the cotangent of the
-  # cell it names (inputs 0 and 1 both 20). Forward mode: the tangents of the writers, or
-  # (its transpose) the sum of every input naming the cell.
-  for gradient, want, tangent in (("written", [0, 20, 40], [0, 2, 0, 3, 0]),
-                                  ("gather", [20, 20, 40], [0, 3, 0, 3, 0])):
-    unpool = MaxUnpool((2,), gradient=gradient)
+  # cell it names (inputs 0 and 1 both 20). Forward mode (tangents 1, 2, 3): the tangents
+  # of the writers, or (its transpose) the sum of every input naming the cell.
+  for gradient, unpool, (grad, out_tangent), want, tangent in zip(
+      rules, unpools, pulled, ([0, 20, 40], [20, 20, 40]), ([0, 2, 0, 3, 0], [0, 3, 0, 3, 0]),
+      strict=True):
     assert unpool.gradient == gradient
-    grad = jax.grad(lambda x, u=unpool: jnp.sum(u(x, idx, output_size=(5,)) * cotangent))(x)
     np.testing.assert_array_equal(grad[0, :, 0], want, err_msg=gradient)
-    _, out_tangent = jax.jvp(lambda x, u=unpool: u(x, idx, output_size=(5,)), (x,),
-                             (jnp.array([1.0, 2.0, 3.0])[None, :, None],))
     np.testing.assert_array_equal(out_tangent[0, :, 0], tangent, err_msg=gradient)
   with pytest.raises(ValueError, match=r"`gradient` must be one of 'written' \(each cell's "):
     MaxUnpool(2, gradient="torch")
@@ -77,15 +84,15 @@ def test_maxunpool_matches_reference_and_jit():
 
 def test_maxunpool_bad_input():
   unpool = MaxUnpool((2, 2), in_features=2)
-  x = jnp.ones((1, 2, 2, 2))
+  x = np.ones((1, 2, 2, 2), np.float32)  # NumPy inputs: jnp ones compile a program each
   with pytest.raises(ValueError, match=r"`indices` must lie in \[0, 16\)"):
-    unpool(x, jnp.full((1, 2, 2, 2), 16))
+    unpool(x, np.full((1, 2, 2, 2), 16, np.int32))
   with pytest.raises(ValueError, match="`indices` must have the shape of `inputs`"):
-    unpool(x, jnp.zeros((1, 2, 2, 1), jnp.int32))
+    unpool(x, np.zeros((1, 2, 2, 1), np.int32))
   with pytest.raises(TypeError, match="`indices` must be integers"):
-    unpool(x, jnp.zeros((1, 2, 2, 2)))
+    unpool(x, np.zeros((1, 2, 2, 2), np.float32))
   with pytest.raises(ValueError, match="NCHW"):
-    unpool(jnp.ones((1, 2, 3, 3)), jnp.zeros((1, 2, 3, 3), jnp.int32))
+    unpool(np.ones((1, 2, 3, 3), np.float32), np.zeros((1, 2, 3, 3), np.int32))
   with pytest.raises(ValueError, match=r"`padding` must be non-negative; got -1\."):
     MaxUnpool((2,), padding=-1)
 
@@ -128,9 +135,26 @@ def test_maxunpool_matches_torch():
       "torch", reason="PyTorch parity needs torch==2.13.0 (the parity extra)")
   xs = [np.random.default_rng(1).permutation(np.prod(shape)).reshape(shape).astype(np.float32)
         for *_, shape in TORCH_CASES]
-  results = _pool_unpool_all([(w, s, p, len(shape) - 2) for w, s, p, shape in TORCH_CASES], xs)
-  for (window, strides, padding, shape), (values, indices, y) in zip(
-      TORCH_CASES, results, strict=True):
+  # The pooled values and indices from the NumPy mirror (reference.max_pool, PyTorch's
+  # rules), so that the one jitted program is the seven unpoolings: with our MaxPool in it
+  # as well it compiled in 1.37 s of CPU, without it 0.83 s (jax.jit(...).lower().compile(),
+  # 2 cores). Our MaxPool's indices into our MaxUnpool: the padding test below (2-D),
+  # test_maxunpool_matches_reference_and_jit, and tests/test_robustness.py's
+  # test_max_unpool_matches_mirror (1-, 2- and 3-D against the mirror).
+  pooled = [reference.max_pool(x, _tuple(window, x.ndim - 2), _tuple(strides or window,
+                                                                      x.ndim - 2),
+                               [(p, p) for p in _tuple(padding, x.ndim - 2)])
+            for (window, strides, padding, _), x in zip(TORCH_CASES, xs, strict=True)]
+
+  @jax.jit
+  def run(pooled):
+    return [MaxUnpool(window, strides, padding, num_spatial_dims=len(shape) - 2)(
+        values, indices, output_size=shape[1:-1])
+            for (window, strides, padding, shape), (values, indices) in zip(
+                TORCH_CASES, pooled, strict=True)]
+
+  for (window, strides, padding, shape), (values, indices), y in zip(
+      TORCH_CASES, pooled, run(pooled), strict=True):
     unpool = {1: torch.nn.functional.max_unpool1d, 2: torch.nn.functional.max_unpool2d,
               3: torch.nn.functional.max_unpool3d}[len(shape) - 2]
     expected = unpool(
@@ -140,6 +164,10 @@ def test_maxunpool_matches_torch():
     # PyTorch 2.13 CPU; tie-free inputs, so no two windows name the same cell.
     np.testing.assert_array_equal(y, np.moveaxis(expected.numpy(), 1, -1),
                                   err_msg=str((window, strides, padding, shape)))
+
+
+def _tuple(v, n):
+  return tuple(v) if isinstance(v, tuple) else (v,) * n
 
 
 # Every padding form MaxPool takes, copied to MaxUnpool, on a (1, 7, 8, 2) map. The
@@ -177,8 +205,8 @@ def test_maxunpool_default_size_for_padding_pairs_and_dilation():
 
 
 def test_maxunpool_same_needs_output_size_and_checks_it():
-  values = jnp.ones((1, 4, 4, 1))
-  indices = jnp.zeros((1, 4, 4, 1), jnp.int32)
+  values = np.ones((1, 4, 4, 1), np.float32)  # NumPy inputs: jnp ones compile
+  indices = np.zeros((1, 4, 4, 1), np.int32)
   unpool = MaxUnpool(3, 2, "SAME")
   with pytest.raises(ValueError, match=r'padding="SAME" needs `output_size`'):
     unpool(values, indices)
