@@ -2,9 +2,13 @@
 (nnx_pool._select) and the separable path (nnx_pool._separable).
 
 Windows over ``UNROLL_LIMIT`` taps are reduced one spatial dim at a time. The
-oracles are the NumPy mirror in :mod:`nnx_pool.reference` and, for the separable
-path, the unrolled kernels (``arg_select``, ``tap_select``, ``tap_sum``, called
-directly on the large window).
+oracles are NumPy: the mirror in :mod:`nnx_pool.reference` (values, PyTorch's flat
+indices and the window offsets they name, max and min gradients) and, for the separable
+sums, window sums and their transpose written out tap by tap here. (The unrolled kernels,
+``tap_select`` and ``tap_sum`` called directly on the large window, were the sums' oracle
+and one case's offsets' oracle: compiling them at 60 to 125 taps cost more than the
+separable kernels they checked, and the NumPy oracles check the same arrays, the offsets
+of every case.)
 """
 
 import functools
@@ -16,9 +20,9 @@ import pytest
 from jax.extend import core as jcore
 
 from nnx_pool import AvgPool, MaxPool, reference
-from nnx_pool._adjoint import tap_select, tap_sum
+from nnx_pool._adjoint import tap_select
 from nnx_pool._geometry import Window
-from nnx_pool._select import arg_select, arg_select_boxes, flat_indices, offset_dtype_for
+from nnx_pool._select import arg_select_boxes, flat_indices, offset_dtype_for
 from nnx_pool._separable import UNROLL_LIMIT, select, separable_select, separable_sum, window_sum
 from nnx_pool._taps import boxes, taps
 
@@ -41,12 +45,6 @@ JVP_CASES = ["9x9-overlap-pad", "12x5-ceil-pad", "5x5x5"]
 # JVPs and min gradients are checked too). Min in the other three took 0.9 s CPU (pytest -k
 # select_matches, 2 cores: 11.7 s -> 10.8 s).
 MIN_CASES = JVP_CASES
-# The case whose select is also compared with the unrolled oracle, offsets bit for bit
-# (overlapping windows, asymmetric padding, int8). The mirror checks every case's values
-# and flat indices, and a window's offsets are one per cell, so equal indices are equal
-# offsets: compiling the unrolled oracle at 81 to 125 taps (9x9 dilated with ceil mode,
-# 5x5x5 too until now) took most of those cases' time; at 12x6 XLA:CPU takes minutes.
-UNROLLED_CASES = ["9x9-overlap-pad"]
 
 
 def _geom(case):
@@ -82,10 +80,28 @@ def _window_select(x, geom, kind):
   return tap_select(x, geom, kind, True)
 
 
-def _unrolled_select(x, geom, kind):
-  if jnp.issubdtype(x.dtype, jnp.floating):
-    return _window_select(x, geom, kind)
-  return arg_select(x, geom, kind, shared_pad=True)
+def _pairs(case):
+  """The case's padding as (low, high) pairs."""
+  window, _, padding, *_ = CASES[case]
+  return ((0, 0),) * len(window) if padding == "VALID" else padding
+
+
+def _mirror_offsets(case, indices):
+  """The row-major window offsets that the mirror's flat indices name (NumPy).
+
+  Output ``q``'s tap ``j`` of a dim reads ``q * stride - pad_low + j * dilation``: each
+  dim's tap is read back from the cell's coordinate, and the taps raveled over the window.
+  """
+  window, strides, _, dilation, _, shape = CASES[case]
+  coords = np.unravel_index(indices, shape[1:-1])
+  grid = np.indices(indices.shape)
+  taps = []
+  for axis, (c, k, s, d, (lo, _)) in enumerate(
+      zip(coords, window, strides, dilation, _pairs(case), strict=True)):
+    tap, rest = np.divmod(c - grid[axis + 1] * s + lo, d)
+    assert (rest == 0).all() and (tap >= 0).all() and (tap < k).all(), case
+    taps.append(tap)
+  return np.ravel_multi_index(taps, window)
 
 
 KINDS = ("max", "min")
@@ -243,8 +259,8 @@ def test_box_by_box_select_matches_the_mirror(case):
     assert (p[q0:q1] >= 0).all(), case
   # Values and PyTorch's flat indices against the NumPy mirror (PyTorch's scan, cell by
   # cell), on ties, NaN, infinities, whole -inf windows and, in INT_BOX_CASES, integers
-  # (int32 stands for them: int8 takes the same kernel; test_select_matches_unrolled_and_
-  # reference has it) and min as well as max.
+  # (int32 stands for them: int8 takes the same kernel; test_select_matches_the_mirror has
+  # it) and min as well as max.
   inputs = _inputs(shape, seed=14)
   del inputs["int8"]
   kinds = KINDS
@@ -287,10 +303,9 @@ def test_dispatch_on_tap_count():
 
 
 @pytest.mark.parametrize("case", IDS)
-def test_select_matches_unrolled_and_reference(case):
-  # Values and offsets bit for bit against the unrolled kernels, and values and PyTorch's
-  # flat indices against the NumPy mirror; every input kind and dtype, max, and min in
-  # MIN_CASES.
+def test_select_matches_the_mirror(case):
+  # Values, window offsets and PyTorch's flat indices bit for bit against the NumPy mirror;
+  # every input kind and dtype, max, and min in MIN_CASES.
   geom = _geom(case)
   args, kwargs = _ref_kwargs(case)
   inputs = _inputs(CASES[case][-1], seed=IDS.index(case))
@@ -298,17 +313,13 @@ def test_select_matches_unrolled_and_reference(case):
     del inputs["int8"]
   xs, n = _by_dtype(inputs)
   got = _select_all(_select, geom, xs, kinds=KINDS if case in MIN_CASES else ("max",))
-  unrolled = _select_all(_unrolled_select, geom, xs) if case in UNROLLED_CASES else None
   for (dtype, kind), (values, offsets, indices) in got.items():
     x = xs[dtype]
     assert values.dtype == x.dtype and offsets.dtype == offset_dtype_for(geom), dtype
-    if unrolled is not None:
-      want_values, want_offsets, _ = unrolled[dtype, kind]
-      assert offsets.dtype == want_offsets.dtype, dtype
-      _assert_each_input_equal(dtype, values, want_values, n, kind)
-      _assert_each_input_equal(dtype, offsets, want_offsets, n, kind)
     mirror = reference.max_pool if kind == "max" else reference.min_pool
     want_values, want_indices = mirror(x, **args, **kwargs)
+    # The window offsets bit for bit: the taps that the mirror's indices name.
+    _assert_each_input_equal(dtype, offsets, _mirror_offsets(case, want_indices), n, kind)
     for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
                                  strict=True):
       np.testing.assert_array_equal(v, w, err_msg=f"{kind} {name} (mirror)")
@@ -382,32 +393,75 @@ def test_select_second_derivative_is_zero():
   np.testing.assert_array_equal(np.asarray(hvp), 0.0)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _sum_transforms(total_fns, geom, x, ct, t):
-  """Each window sum's value, VJP along ``ct`` and JVP along ``t``: one program for all."""
-  out = []
-  for total_fn in total_fns:
-    total, vjp = jax.vjp(lambda v, f=total_fn: f(v, geom), x)
-    out.append((total, vjp(ct)[0], jax.jvp(lambda v, f=total_fn: f(v, geom), (x,), (t,))[1]))
-  return out
+@functools.partial(jax.jit, static_argnums=(0,))
+def _sum_transforms(geom, x, ct, t):
+  """The separable window sum's value, VJP along ``ct`` and JVP along ``t``: one program."""
+  total, vjp = jax.vjp(lambda v: _sum(v, geom), x)
+  return total, vjp(ct)[0], jax.jvp(lambda v: _sum(v, geom), (x,), (t,))[1]
+
+
+def _tap_views(case, out_shape):
+  """Per window tap, the index of the cells it reads in the padded input (NumPy).
+
+  Output ``q``'s tap ``j`` of a dim reads padded cell ``q * stride + j * dilation``.
+  """
+  window, strides, _, dilation, _, _ = CASES[case]
+  for offset in np.ndindex(*window):
+    yield (slice(None), *(slice(j * d, j * d + (q - 1) * s + 1, s) for j, d, s, q in zip(
+        offset, dilation, strides, out_shape, strict=True)), slice(None))
+
+
+def _padded_shape(case, shape, out_shape):
+  """The zero-padded input every tap stays within: its low pads, and high ones to the last tap."""
+  window, strides, _, dilation, _, _ = CASES[case]
+  return (shape[0], *(max(lo + n, (q - 1) * s + (k - 1) * d + 1) for n, (lo, _), k, s, d, q in zip(
+      shape[1:-1], _pairs(case), window, strides, dilation, out_shape, strict=True)), shape[-1])
+
+
+def _mirror_sum(case, x, out_shape):
+  """Every window's sum, zero padding (float64): the taps' views of the padded input added."""
+  shape = x.shape
+  padded = np.zeros(_padded_shape(case, shape, out_shape))
+  padded[(slice(None), *(slice(lo, lo + n) for (lo, _), n in zip(
+      _pairs(case), shape[1:-1], strict=True)), slice(None))] = x
+  return sum(padded[view] for view in _tap_views(case, out_shape))
+
+
+def _mirror_sum_transpose(case, g, shape):
+  """The window sum's transpose (its VJP, float64): each output's cotangent added to every
+  cell of its window, then the padding cropped."""
+  out_shape = g.shape[1:-1]
+  padded = np.zeros(_padded_shape(case, shape, out_shape))
+  for view in _tap_views(case, out_shape):
+    padded[view] += g
+  return padded[(slice(None), *(slice(lo, lo + n) for (lo, _), n in zip(
+      _pairs(case), shape[1:-1], strict=True)), slice(None))]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", IDS)
-def test_window_sum_matches_unrolled_and_reference(case):
+def test_window_sum_matches_the_numpy_sums(case):
+  # The separable sum (the entry point where the window is over UNROLL_LIMIT taps), its VJP
+  # and its JVP against the NumPy window sum and transpose above (the unrolled kernel was the
+  # oracle: compiling it at 60 to 125 taps, value, VJP and JVP, took 3.0 of the test's 5.5 s of
+  # compile CPU, pytest -k window_sum_matches, 2 cores).
   geom = _geom(case)
   window, strides, padding, dilation, _, shape = CASES[case]
-  # Multiples of 1/8: float32 sums are exact in any order, so both paths agree to 1e-6.
+  # Multiples of 1/8: float32 sums are exact in any order, so they equal the float64 oracle.
   x = _inputs(shape, seed=9)["int32"].astype(np.float32) / 8
   g = np.random.default_rng(10).integers(
       -4, 5, (shape[0], *geom.out_shape, shape[-1])).astype(np.float32) / 8
-  # Normal floats for the JVP: the summation order differs, so float32 rounding differs.
+  # Normal floats for the JVP (the sum of the tangent): float32 rounding differs by order.
   t = _inputs(shape, seed=11)["normal"]
-  # The separable sum and the unrolled one in one program.
-  (total, grad, jvp), (want, want_grad, want_jvp) = _sum_transforms((_sum, tap_sum), geom, x, g, t)
-  np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(jvp), np.asarray(want_jvp), rtol=1e-5, atol=1e-5)
+  total, grad, jvp = _sum_transforms(geom, x, g, t)
+  out_shape = tuple(reference.output_size(n, k, s, lo, hi, dilation=d, ceil_mode=CASES[case][4])
+                    for n, k, s, (lo, hi), d in zip(shape[1:-1], window, strides, _pairs(case),
+                                                    dilation, strict=True))
+  assert total.shape == g.shape == (shape[0], *out_shape, shape[-1])
+  np.testing.assert_array_equal(np.asarray(total), _mirror_sum(case, x, out_shape))
+  np.testing.assert_array_equal(np.asarray(grad), _mirror_sum_transpose(case, g, shape))
+  np.testing.assert_allclose(np.asarray(jvp), _mirror_sum(case, t, out_shape), rtol=1e-5,
+                             atol=1e-5)
   if all(d == 1 for d in dilation):  # reference.avg_pool has no dilation
     ref = reference.avg_pool(
         x.astype(np.float64), window, strides, padding, ceil_mode=CASES[case][4],
