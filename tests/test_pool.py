@@ -399,10 +399,13 @@ def test_select_pool_every_ml_dtypes_float(implementation):
       name = np.dtype(dtype).name
       with pytest.raises(TypeError, match=f"`inputs` has dtype {name}, which this JAX cannot"):
         MaxPool(3, 2, 1)(np.zeros((1, 4, 4, 1), dtype))
-  # 2x2 windows at stride 2 with one cell of padding on a 6x8 map: the first and the last
-  # window of each dim read padding (low and high borders). The kernel's code is the same
-  # for any window (one tap per cell); 2x2 compiles 4 taps per dtype, 3x3 took 9.
-  xs = [np.random.default_rng(7).uniform(-6, 6, (1, 6, 8, 2)).astype(d) for d in held]
+  # Windows of 2 at stride 2 with one cell of padding on a length-10 map: the first and the
+  # last window read padding (low and high borders). The kernel's code is the same for any
+  # window (one tap per cell) and rank (each dim's taps alike); what a dtype changes is each
+  # element's comparison, fill and rounding. 1-D compiles 2 taps per dtype: 2x2 on a 6x8
+  # map took 3.4 s of compile CPU for [taps], 1-D 2.2 s (pytest -k "every_ml_dtypes and
+  # taps" -p tools.compile_census, 2 cores).
+  xs = [np.random.default_rng(7).uniform(-6, 6, (1, 10, 2)).astype(d) for d in held]
   # MinPool in the dtypes without infinity, whose padding is their own largest value; in the
   # others it pads with +inf as in float32 (other tests), and MaxPool shows each of them
   # works. Min in those took 0.5 s CPU of [taps] (pytest -k every_ml_dtypes, 2 cores).
@@ -412,9 +415,9 @@ def test_select_pool_every_ml_dtypes_float(implementation):
 
   @jax.jit  # one compilation for the pools over every dtype
   def pools(vs):
-    return [(MaxPool(2, 2, 1, return_indices=indices)(v),
-             MinPool(2, 2, 1, return_indices=indices)(v) if m else None,
-             AvgPool(2, 2, 1, count_include_pad=False)(v))
+    return [(MaxPool((2,), 2, 1, return_indices=indices)(v),
+             MinPool((2,), 2, 1, return_indices=indices)(v) if m else None,
+             AvgPool((2,), 2, 1, count_include_pad=False)(v))
             for v, m in zip(vs, with_min, strict=True)]
 
   with nnx_pool.use_implementation(implementation):
@@ -425,14 +428,14 @@ def test_select_pool_every_ml_dtypes_float(implementation):
     selects = [(maxima, reference.max_pool), (minima, reference.min_pool)]
     for out, mirror in (pair for pair in selects if pair[0] is not None):
       values = out[0] if indices else out
-      want_values, want_indices = mirror(x32, (2, 2), (2, 2), ((1, 1), (1, 1)))
+      want_values, want_indices = mirror(x32, (2,), (2,), ((1, 1),))
       assert values.dtype == dtype, name
       np.testing.assert_array_equal(np.asarray(values).astype(np.float32), want_values,
                                     err_msg=name)
       if indices:
         np.testing.assert_array_equal(out[1], want_indices, err_msg=name)
     # Averages sum in float32 and round once: within one rounding of the float64 mean.
-    want = reference.avg_pool(x32.astype(np.float64), (2, 2), (2, 2), ((1, 1), (1, 1)),
+    want = reference.avg_pool(x32.astype(np.float64), (2,), (2,), ((1, 1),),
                               count_include_pad=False)
     assert mean.dtype == dtype, name
     np.testing.assert_allclose(np.asarray(mean).astype(np.float64), want,
