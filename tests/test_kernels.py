@@ -31,9 +31,13 @@ CASES = {
     "9x9": ((9, 9), (9, 9), "VALID", (1, 1), False, (2, 19, 20, 2)),
     "9x9-overlap-pad": ((9, 9), (2, 3), ((4, 3), (2, 4)), (1, 1), False, (1, 16, 17, 2)),
     "9x9-dilated-ceil": ((9, 9), (2, 2), ((4, 4), (1, 0)), (2, 1), True, (1, 21, 16, 1)),
-    # 60 taps: public entry points stay unrolled; tests force the separable path.
+    # 60 taps: public entry points stay unrolled; tests force the separable path. (Its twin
+    # at 72 taps, 12x6 with pads ((6, 2), (1, 3)) through the entry points, ran the same
+    # separable code on the same kind of geometry; the entry points' dispatch over the limit
+    # is the other cases' and test_dispatch_on_tap_count's. Without it, and with int32 in
+    # MIN_CASES alone, the file's compile CPU went 14.4 s -> 13.3 s, pytest
+    # tests/test_kernels.py -p tools.compile_census, 2 cores.)
     "12x5-ceil-pad": ((12, 5), (3, 2), ((6, 2), (1, 2)), (1, 1), True, (2, 23, 12, 2)),
-    "12x6-ceil-pad": ((12, 6), (3, 2), ((6, 2), (1, 3)), (1, 1), True, (1, 23, 13, 2)),
     "5x5x5": ((5, 5, 5), (2, 3, 1), ((2, 2), (1, 2), (2, 0)), (1, 2, 1), True, (1, 9, 12, 7, 2)),
 }
 IDS = list(CASES)
@@ -324,6 +328,10 @@ def test_select_matches_the_mirror(case):
   inputs = _inputs(CASES[case][-1], seed=IDS.index(case))
   if case != INT8_CASE:  # int8 takes int32's code path with its own fill: one case shows it
     del inputs["int8"]
+  if case not in MIN_CASES:
+    # int32 in MIN_CASES, which show its fill with padding, ceil mode and dilation in 2-D
+    # and 3-D (9x9 has no padding to fill; 9x9-dilated-ceil is 5x5x5's kind in 2-D).
+    del inputs["int32"]
   xs, n = _by_dtype(inputs)
   got = _select_all(_select, geom, xs, kinds=KINDS if case in MIN_CASES else ("max",))
   for (dtype, kind), (values, offsets, indices) in got.items():
