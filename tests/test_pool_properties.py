@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from unittest import mock
@@ -295,15 +296,23 @@ def _apply(module, cfg: Config, x: np.ndarray):
   return jax.tree.map(lambda a: a[None], out)
 
 
-def _jit_apply(module, cfg: Config, x: np.ndarray):
-  """:func:`_apply` under one ``jax.jit``: one compiled program per example.
+def _jit_apply(cfg: Config, x: np.ndarray, **extra):
+  """:func:`_apply` of ``cfg.module(**extra)`` under one ``jax.jit``: one compiled program
+  per configuration.
 
-  Every example has its own geometry, so each compiles anew; called eagerly, a module
-  also compiles its small layout steps (the batch axis, the index flattening) one by
-  one, which cost more than the kernel. Eager calls equal jitted ones
+  Examples differ in geometry, so most compile anew; those that differ in their input's
+  seed alone (5 of the 40 max/min examples, 1 of 25 avg, 4 of 25 lp) reuse the program.
+  Called eagerly, a module also compiles its small layout steps (the batch axis, the index
+  flattening) one by one, which cost more than the kernel. Eager calls equal jitted ones
   (test_pool.py::test_pool_eager_equals_jit), and the other test files call eagerly.
   """
-  return jax.jit(lambda v: _apply(module, cfg, v))(x)
+  return _jitted(dataclasses.replace(cfg, seed=0), tuple(sorted(extra.items())))(x)
+
+
+@functools.cache
+def _jitted(cfg: Config, extra):
+  module = cfg.module(**dict(extra))
+  return jax.jit(lambda v: _apply(module, cfg, v))
 
 
 def _cotangent(cfg: Config, shape) -> np.ndarray:
@@ -331,7 +340,7 @@ def test_maxpool_minpool_match_mirror(cfg, return_indices):
   assume(out_shape is not None)
   x = _input(cfg)
   want_values, want_indices = _mirror_select(cfg, x)
-  out = _jit_apply(cfg.module(return_indices=return_indices), cfg, x)
+  out = _jit_apply(cfg, x, return_indices=return_indices)
   values, indices = out if return_indices else (out, None)
   assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
   assert values.dtype == x.dtype
@@ -379,7 +388,7 @@ def test_avgpool_matches_mirror(cfg):
         x, cfg.window, cfg.strides, cfg.mirror_padding, ceil_mode=cfg.ceil_mode,
         count_include_pad=cfg.count_include_pad, divisor_override=cfg.divisor_override,
     )
-  got = _jit_apply(cfg.module(), cfg, x)
+  got = _jit_apply(cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   assert got.dtype == x.dtype
   np.testing.assert_allclose(got, want, **_AVG_TOL)
@@ -393,7 +402,7 @@ def test_lppool_matches_mirror(cfg):
   x = _input(cfg, positive=True)
   # NumPy mirror: (avg_pool(x**p) * prod(window)) ** (1/p), as PyTorch computes it.
   want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides, ceil_mode=cfg.ceil_mode)
-  got = _jit_apply(cfg.module(), cfg, x)
+  got = _jit_apply(cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
@@ -441,9 +450,8 @@ def test_separable_avgpool_lppool_match_mirror(cfg):
     else:
       want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides,
                                ceil_mode=cfg.ceil_mode)
-  module = cfg.module()
-  with _separable_over("separable_sum", module, cfg):
-    got = _jit_apply(module, cfg, x)
+  with _separable_over("separable_sum", cfg.module(), cfg):
+    got = _jit_apply(cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
