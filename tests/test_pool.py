@@ -61,10 +61,14 @@ def test_maxpool_seed003_overlapping_windows():
   np.testing.assert_array_equal(plane(indices), [[6, 6], [13, 13]])
 
 
+# The gradients of the explicit vectors below are jitted: eager, every op of the backward
+# compiles on its own (jitted, the seven tests that take one went 2.5 s -> 1.2 s of compile
+# CPU, pytest -k with their names -p tools.compile_census, 2 cores). Eager and jitted runs,
+# gradient included, are compared in test_pool_eager_equals_jit.
 def test_maxpool_seed003_gradient_lands_on_argmax():
   # seed 003: output gradients 1, 2, 3, 4 land on cells 5, 6, 13, 11; 0 elsewhere.
   cotangent = jnp.array([[1.0, 2.0], [3.0, 4.0]])[None, :, :, None]
-  grad = jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) * cotangent))(nhwc(GRID))
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) * cotangent)))(nhwc(GRID))
   expected = np.zeros(16, np.float32)
   expected[[5, 6, 13, 11]] = [1, 2, 3, 4]
   np.testing.assert_array_equal(plane(grad), expected.reshape(4, 4))
@@ -73,7 +77,7 @@ def test_maxpool_seed003_gradient_lands_on_argmax():
 def test_maxpool_seed003_overlapping_gradient_accumulates():
   # k3 s1: cell 6 wins windows (0, 0) and (0, 1), cell 13 wins (1, 0) and (1, 1).
   cotangent = jnp.array([[1.0, 2.0], [3.0, 4.0]])[None, :, :, None]
-  grad = jax.grad(lambda x: jnp.sum(MaxPool((3, 3), 1)(x) * cotangent))(nhwc(GRID))
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(MaxPool((3, 3), 1)(x) * cotangent)))(nhwc(GRID))
   expected = np.zeros(16, np.float32)
   expected[6], expected[13] = 1 + 2, 3 + 4
   np.testing.assert_array_equal(plane(grad), expected.reshape(4, 4))
@@ -132,7 +136,7 @@ def test_maxpool_ties_first_maximum_wins():
   x = nhwc([[5.0, 5.0], [5.0, 5.0]])
   values, indices = MaxPool((2, 2), return_indices=True)(x)
   assert plane(indices).tolist() == [[0]]
-  grad = jax.grad(lambda x: MaxPool((2, 2))(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: MaxPool((2, 2))(x).sum()))(x)
   np.testing.assert_array_equal(plane(grad), [[1, 0], [0, 0]])
   _, indices = MinPool((2, 2), return_indices=True)(nhwc([[7.0, 2.0], [2.0, 2.0]]))
   assert plane(indices).tolist() == [[1]]
@@ -144,7 +148,7 @@ def test_maxpool_nan_propagates_and_last_nan_wins():
   x = jnp.array([1.0, np.nan, 3.0, np.nan])[None, :, None]
   values, indices = MaxPool((4,), return_indices=True)(x)
   assert np.isnan(values[0, 0, 0]) and indices[0, 0, 0] == 3
-  grad = jax.grad(lambda x: MaxPool((4,))(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: MaxPool((4,))(x).sum()))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 0, 0, 1])
   values, indices = MinPool((2,), return_indices=True)(x)
   assert np.isnan(values[0, :, 0]).all()
@@ -184,14 +188,14 @@ def test_maxpool_dilation_and_gradient():
   np.testing.assert_array_equal(values[0, :, 0], [1, 5, 2])
   np.testing.assert_array_equal(indices[0, :, 0], [2, 1, 4])
   weights = jnp.arange(1.0, 4.0)[None, :, None]
-  grad = jax.grad(lambda x: jnp.sum(MaxPool((2,), 1, dilation=2)(x) * weights))(x)
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(MaxPool((2,), 1, dilation=2)(x) * weights)))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 2, 1, 0, 3])
 
 
 def test_maxpool_gradient_drops_padding():
   # Hand computation: k3 s1 p1 over [2, 1]: both windows pick cell 0; padding gets nothing.
   x = jnp.array([2.0, 1.0])[None, :, None]
-  grad = jax.grad(lambda x: MaxPool((3,), 1, 1)(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: MaxPool((3,), 1, 1)(x).sum()))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [2, 0])
 
 
@@ -533,7 +537,7 @@ def test_avgpool_gradient_closed_form():
   # The gradient of sum(avg) puts 1 / divisor on every cell of every window covering it.
   # k3 s1 p1 over L=4 excluding pads: divisors [2, 3, 3, 2]; cell 0 is in windows 0, 1.
   x = jnp.zeros((1, 4, 1))
-  grad = jax.grad(lambda x: AvgPool((3,), 1, 1, count_include_pad=False)(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: AvgPool((3,), 1, 1, count_include_pad=False)(x).sum()))(x)
   expected = [1 / 2 + 1 / 3, 1 / 2 + 1 / 3 + 1 / 3, 1 / 3 + 1 / 3 + 1 / 2, 1 / 3 + 1 / 2]
   np.testing.assert_allclose(grad[0, :, 0], expected, rtol=1e-6)
 
