@@ -2,9 +2,13 @@
 (nnx_pool._select) and the separable path (nnx_pool._separable).
 
 Windows over ``UNROLL_LIMIT`` taps are reduced one spatial dim at a time. The
-oracles are the NumPy mirror in :mod:`nnx_pool.reference` and, for the separable
-path, the unrolled kernels (``arg_select``, ``tap_select``, ``tap_sum``, called
-directly on the large window).
+oracles are NumPy: the mirror in :mod:`nnx_pool.reference` (values, PyTorch's flat
+indices and the window offsets they name, max and min gradients) and, for the separable
+sums, window sums and their transpose written out tap by tap here. (The unrolled kernels,
+``tap_select`` and ``tap_sum`` called directly on the large window, were the sums' oracle
+and one case's offsets' oracle: compiling them at 60 to 125 taps cost more than the
+separable kernels they checked, and the NumPy oracles check the same arrays, the offsets
+of every case.)
 """
 
 import functools
@@ -16,9 +20,9 @@ import pytest
 from jax.extend import core as jcore
 
 from nnx_pool import AvgPool, MaxPool, reference
-from nnx_pool._adjoint import tap_select, tap_sum
+from nnx_pool._adjoint import tap_select
 from nnx_pool._geometry import Window
-from nnx_pool._select import arg_select, arg_select_boxes, flat_indices, offset_dtype_for
+from nnx_pool._select import arg_select_boxes, flat_indices, offset_dtype_for
 from nnx_pool._separable import UNROLL_LIMIT, select, separable_select, separable_sum, window_sum
 from nnx_pool._taps import boxes, taps
 
@@ -27,9 +31,13 @@ CASES = {
     "9x9": ((9, 9), (9, 9), "VALID", (1, 1), False, (2, 19, 20, 2)),
     "9x9-overlap-pad": ((9, 9), (2, 3), ((4, 3), (2, 4)), (1, 1), False, (1, 16, 17, 2)),
     "9x9-dilated-ceil": ((9, 9), (2, 2), ((4, 4), (1, 0)), (2, 1), True, (1, 21, 16, 1)),
-    # 60 taps: public entry points stay unrolled; tests force the separable path.
+    # 60 taps: public entry points stay unrolled; tests force the separable path. (Its twin
+    # at 72 taps, 12x6 with pads ((6, 2), (1, 3)) through the entry points, ran the same
+    # separable code on the same kind of geometry; the entry points' dispatch over the limit
+    # is the other cases' and test_dispatch_on_tap_count's. Without it, and with int32 in
+    # MIN_CASES alone, the file's compile CPU went 14.4 s -> 13.3 s, pytest
+    # tests/test_kernels.py -p tools.compile_census, 2 cores.)
     "12x5-ceil-pad": ((12, 5), (3, 2), ((6, 2), (1, 2)), (1, 1), True, (2, 23, 12, 2)),
-    "12x6-ceil-pad": ((12, 6), (3, 2), ((6, 2), (1, 3)), (1, 1), True, (1, 23, 13, 2)),
     "5x5x5": ((5, 5, 5), (2, 3, 1), ((2, 2), (1, 2), (2, 0)), (1, 2, 1), True, (1, 9, 12, 7, 2)),
 }
 IDS = list(CASES)
@@ -41,12 +49,12 @@ JVP_CASES = ["9x9-overlap-pad", "12x5-ceil-pad", "5x5x5"]
 # JVPs and min gradients are checked too). Min in the other three took 0.9 s CPU (pytest -k
 # select_matches, 2 cores: 11.7 s -> 10.8 s).
 MIN_CASES = JVP_CASES
-# The case whose select is also compared with the unrolled oracle, offsets bit for bit
-# (overlapping windows, asymmetric padding, int8). The mirror checks every case's values
-# and flat indices, and a window's offsets are one per cell, so equal indices are equal
-# offsets: compiling the unrolled oracle at 81 to 125 taps (9x9 dilated with ceil mode,
-# 5x5x5 too until now) took most of those cases' time; at 12x6 XLA:CPU takes minutes.
-UNROLLED_CASES = ["9x9-overlap-pad"]
+# The case whose JVP is also taken of the minimum: a stage's tangent is the tangent at the
+# winning tap whichever kind chose it (the same rule as max's), and min's choice is checked
+# in every MIN_CASES case by its values, indices and gradient. The 3-D case, with dilation
+# and ceil mode; min's JVP in the other two took 0.7 of the jvps programs' 2.5 s of compile
+# CPU (pytest -k jvp_and_min -p tools.compile_census, 2 cores).
+JVP_MIN_CASE = "5x5x5"
 
 
 def _geom(case):
@@ -82,10 +90,28 @@ def _window_select(x, geom, kind):
   return tap_select(x, geom, kind, True)
 
 
-def _unrolled_select(x, geom, kind):
-  if jnp.issubdtype(x.dtype, jnp.floating):
-    return _window_select(x, geom, kind)
-  return arg_select(x, geom, kind, shared_pad=True)
+def _pairs(case):
+  """The case's padding as (low, high) pairs."""
+  window, _, padding, *_ = CASES[case]
+  return ((0, 0),) * len(window) if padding == "VALID" else padding
+
+
+def _mirror_offsets(case, indices):
+  """The row-major window offsets that the mirror's flat indices name (NumPy).
+
+  Output ``q``'s tap ``j`` of a dim reads ``q * stride - pad_low + j * dilation``: each
+  dim's tap is read back from the cell's coordinate, and the taps raveled over the window.
+  """
+  window, strides, _, dilation, _, shape = CASES[case]
+  coords = np.unravel_index(indices, shape[1:-1])
+  grid = np.indices(indices.shape)
+  taps = []
+  for axis, (c, k, s, d, (lo, _)) in enumerate(
+      zip(coords, window, strides, dilation, _pairs(case), strict=True)):
+    tap, rest = np.divmod(c - grid[axis + 1] * s + lo, d)
+    assert (rest == 0).all() and (tap >= 0).all() and (tap < k).all(), case
+    taps.append(tap)
+  return np.ravel_multi_index(taps, window)
 
 
 KINDS = ("max", "min")
@@ -138,10 +164,10 @@ def _vjps(select, geom, kinds, x, ct):
           for kind in kinds}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _jvps(select, geom, x, t):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _jvps(select, geom, kinds, x, t):
   """The JVP of each kind's values and offsets at ``x`` along ``t``."""
-  return {kind: jax.jvp(lambda v, kind=kind: select(v, geom, kind), (x,), (t,)) for kind in KINDS}
+  return {kind: jax.jvp(lambda v, kind=kind: select(v, geom, kind), (x,), (t,)) for kind in kinds}
 
 
 def _inputs(shape, seed):
@@ -175,14 +201,19 @@ TAP_SPELLINGS = [
 
 
 def test_both_tap_spellings_read_the_same_cells():
-  # The same window over a 2-D map (the second dim fixed at 3x3/2 pad 1) read as
-  # stride phases shifted by pads, and as slices of one padded copy: identical
-  # arrays, padding holding the fill value (-7, to be seen). Every configuration in
-  # one jitted program (run eagerly, each slice and pad compiled on its own).
+  # The same window over a 2-D map read as stride phases shifted by pads, and as slices of
+  # one padded copy: identical arrays, padding holding the fill value (-7, to be seen).
+  # Every configuration in one jitted program (run eagerly, each slice and pad compiled on
+  # its own). Each dim's taps are spelt from that dim's geometry alone (the product of the
+  # per-dim phases or slices): the first configuration reads a second padded, strided dim
+  # (3/2 pad 1) with it, the others a plain one (one tap), which keeps their taps to their
+  # first dim's (the 3/2 pad 1 dim under all nine took 3.2 s of compile CPU, 1.2 s with
+  # it under the first alone: pytest -k tap_spellings -p tools.compile_census, 2 cores).
   geoms, xs = [], []
-  for length, window, stride, dilation, padding, ceil_mode in TAP_SPELLINGS:
+  for i, (length, window, stride, dilation, padding, ceil_mode) in enumerate(TAP_SPELLINGS):
     padding = padding if isinstance(padding, tuple) else (padding, padding)
-    geoms.append(Window.create((window, 3), (stride, 2), (padding, (1, 1)),
+    second = (3, 2, (1, 1)) if i == 0 else (1, 1, (0, 0))
+    geoms.append(Window.create((window, second[0]), (stride, second[1]), (padding, second[2]),
                                dilation=(dilation, 1), ceil_mode=ceil_mode).resolve((length, 6)))
     xs.append(np.arange(2 * length * 6 * 3, dtype=np.float32).reshape(2, length, 6, 3))
   spellings = jax.jit(lambda xs: [
@@ -213,12 +244,14 @@ LOW_BORDER = {
 
 # The geometries whose boxes also pool int32, and also take the minimum. Integers differ from
 # floats in the fill value (the dtype's minimum or maximum) and in having no NaN to compare,
-# and min from max in the comparison and the fill, not in how the output is split into
-# boxes: one 2-D, one 1-D and one 3-D geometry keep them (each dtype and kind compiled is one
-# more kernel in the test's program; min in the other five cases took 0.9 of the test's 6.4 s
-# CPU, pytest -k box_by_box, 2 cores). Every geometry's first box reads the low padding, so
-# each of the three shows min's fill there.
-INT_BOX_CASES = ["3x3/2 p1 (the ResNet stem)", "3/2 p1, 1-D", "3x3x3/2 p1"]
+# and min from max in the comparison and the fill, element by element, not in how the
+# output is split into boxes (the same code at any rank): one 2-D and one 1-D geometry keep
+# them, and the 3-D one's boxes are shown by its float max (each dtype and kind compiled is
+# one more kernel in the test's program; min in the other five cases took 0.9 of the test's
+# 6.4 s CPU; int32 and min in the 3-D case, 27 taps, took 0.9 of the test's 3.4 s of
+# compile CPU, pytest -k box_by_box -p tools.compile_census, 2 cores). Every geometry's
+# first box reads the low padding, so each of the two shows min's fill there.
+INT_BOX_CASES = ["3x3/2 p1 (the ResNet stem)", "3/2 p1, 1-D"]
 
 
 @pytest.mark.parametrize("case", list(LOW_BORDER))
@@ -243,8 +276,8 @@ def test_box_by_box_select_matches_the_mirror(case):
     assert (p[q0:q1] >= 0).all(), case
   # Values and PyTorch's flat indices against the NumPy mirror (PyTorch's scan, cell by
   # cell), on ties, NaN, infinities, whole -inf windows and, in INT_BOX_CASES, integers
-  # (int32 stands for them: int8 takes the same kernel; test_select_matches_unrolled_and_
-  # reference has it) and min as well as max.
+  # (int32 stands for them: int8 takes the same kernel; test_select_matches_the_mirror has
+  # it) and min as well as max.
   inputs = _inputs(shape, seed=14)
   del inputs["int8"]
   kinds = KINDS
@@ -287,28 +320,27 @@ def test_dispatch_on_tap_count():
 
 
 @pytest.mark.parametrize("case", IDS)
-def test_select_matches_unrolled_and_reference(case):
-  # Values and offsets bit for bit against the unrolled kernels, and values and PyTorch's
-  # flat indices against the NumPy mirror; every input kind and dtype, max, and min in
-  # MIN_CASES.
+def test_select_matches_the_mirror(case):
+  # Values, window offsets and PyTorch's flat indices bit for bit against the NumPy mirror;
+  # every input kind and dtype, max, and min in MIN_CASES.
   geom = _geom(case)
   args, kwargs = _ref_kwargs(case)
   inputs = _inputs(CASES[case][-1], seed=IDS.index(case))
   if case != INT8_CASE:  # int8 takes int32's code path with its own fill: one case shows it
     del inputs["int8"]
+  if case not in MIN_CASES:
+    # int32 in MIN_CASES, which show its fill with padding, ceil mode and dilation in 2-D
+    # and 3-D (9x9 has no padding to fill; 9x9-dilated-ceil is 5x5x5's kind in 2-D).
+    del inputs["int32"]
   xs, n = _by_dtype(inputs)
   got = _select_all(_select, geom, xs, kinds=KINDS if case in MIN_CASES else ("max",))
-  unrolled = _select_all(_unrolled_select, geom, xs) if case in UNROLLED_CASES else None
   for (dtype, kind), (values, offsets, indices) in got.items():
     x = xs[dtype]
     assert values.dtype == x.dtype and offsets.dtype == offset_dtype_for(geom), dtype
-    if unrolled is not None:
-      want_values, want_offsets, _ = unrolled[dtype, kind]
-      assert offsets.dtype == want_offsets.dtype, dtype
-      _assert_each_input_equal(dtype, values, want_values, n, kind)
-      _assert_each_input_equal(dtype, offsets, want_offsets, n, kind)
     mirror = reference.max_pool if kind == "max" else reference.min_pool
     want_values, want_indices = mirror(x, **args, **kwargs)
+    # The window offsets bit for bit: the taps that the mirror's indices name.
+    _assert_each_input_equal(dtype, offsets, _mirror_offsets(case, want_indices), n, kind)
     for (name, v), (_, w) in zip(_split(dtype, values, n), _split(dtype, want_values, n),
                                  strict=True):
       np.testing.assert_array_equal(v, w, err_msg=f"{kind} {name} (mirror)")
@@ -358,16 +390,17 @@ def test_select_jvp_and_min_grad(case):
   args, kwargs = _ref_kwargs(case)
   x = _inputs(CASES[case][-1], seed=5)["special"]
   t = np.random.default_rng(6).integers(-4, 5, x.shape).astype(np.float32)
-  jvps = _jvps(_select, geom, x, t)
+  jvps = _jvps(_select, geom, KINDS if case == JVP_MIN_CASE else ("max",), x, t)
   g = np.random.default_rng(7).integers(-4, 5, jvps["max"][0][0].shape).astype(np.float32)
   grads = _vjps(_select, geom, KINDS, x, g)
   for kind in KINDS:
-    _, (t_values, t_offsets) = jvps[kind]
-    assert t_offsets.dtype == jax.dtypes.float0, kind
     mirror = reference.max_pool if kind == "max" else reference.min_pool
-    _, want_indices = mirror(x, **args, **kwargs)
-    np.testing.assert_array_equal(np.asarray(t_values), _at_indices(t, want_indices),
-                                  err_msg=kind)
+    if kind in jvps:
+      _, (t_values, t_offsets) = jvps[kind]
+      assert t_offsets.dtype == jax.dtypes.float0, kind
+      _, want_indices = mirror(x, **args, **kwargs)
+      np.testing.assert_array_equal(np.asarray(t_values), _at_indices(t, want_indices),
+                                    err_msg=kind)
     np.testing.assert_array_equal(
         np.asarray(grads[kind]), reference.max_pool_grad(x, g, **args, **kwargs, kind=kind),
         err_msg=kind)
@@ -382,32 +415,75 @@ def test_select_second_derivative_is_zero():
   np.testing.assert_array_equal(np.asarray(hvp), 0.0)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _sum_transforms(total_fns, geom, x, ct, t):
-  """Each window sum's value, VJP along ``ct`` and JVP along ``t``: one program for all."""
-  out = []
-  for total_fn in total_fns:
-    total, vjp = jax.vjp(lambda v, f=total_fn: f(v, geom), x)
-    out.append((total, vjp(ct)[0], jax.jvp(lambda v, f=total_fn: f(v, geom), (x,), (t,))[1]))
-  return out
+@functools.partial(jax.jit, static_argnums=(0,))
+def _sum_transforms(geom, x, ct, t):
+  """The separable window sum's value, VJP along ``ct`` and JVP along ``t``: one program."""
+  total, vjp = jax.vjp(lambda v: _sum(v, geom), x)
+  return total, vjp(ct)[0], jax.jvp(lambda v: _sum(v, geom), (x,), (t,))[1]
+
+
+def _tap_views(case, out_shape):
+  """Per window tap, the index of the cells it reads in the padded input (NumPy).
+
+  Output ``q``'s tap ``j`` of a dim reads padded cell ``q * stride + j * dilation``.
+  """
+  window, strides, _, dilation, _, _ = CASES[case]
+  for offset in np.ndindex(*window):
+    yield (slice(None), *(slice(j * d, j * d + (q - 1) * s + 1, s) for j, d, s, q in zip(
+        offset, dilation, strides, out_shape, strict=True)), slice(None))
+
+
+def _padded_shape(case, shape, out_shape):
+  """The zero-padded input every tap stays within: its low pads, and high ones to the last tap."""
+  window, strides, _, dilation, _, _ = CASES[case]
+  return (shape[0], *(max(lo + n, (q - 1) * s + (k - 1) * d + 1) for n, (lo, _), k, s, d, q in zip(
+      shape[1:-1], _pairs(case), window, strides, dilation, out_shape, strict=True)), shape[-1])
+
+
+def _mirror_sum(case, x, out_shape):
+  """Every window's sum, zero padding (float64): the taps' views of the padded input added."""
+  shape = x.shape
+  padded = np.zeros(_padded_shape(case, shape, out_shape))
+  padded[(slice(None), *(slice(lo, lo + n) for (lo, _), n in zip(
+      _pairs(case), shape[1:-1], strict=True)), slice(None))] = x
+  return sum(padded[view] for view in _tap_views(case, out_shape))
+
+
+def _mirror_sum_transpose(case, g, shape):
+  """The window sum's transpose (its VJP, float64): each output's cotangent added to every
+  cell of its window, then the padding cropped."""
+  out_shape = g.shape[1:-1]
+  padded = np.zeros(_padded_shape(case, shape, out_shape))
+  for view in _tap_views(case, out_shape):
+    padded[view] += g
+  return padded[(slice(None), *(slice(lo, lo + n) for (lo, _), n in zip(
+      _pairs(case), shape[1:-1], strict=True)), slice(None))]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", IDS)
-def test_window_sum_matches_unrolled_and_reference(case):
+def test_window_sum_matches_the_numpy_sums(case):
+  # The separable sum (the entry point where the window is over UNROLL_LIMIT taps), its VJP
+  # and its JVP against the NumPy window sum and transpose above (the unrolled kernel was the
+  # oracle: compiling it at 60 to 125 taps, value, VJP and JVP, took 3.0 of the test's 5.5 s of
+  # compile CPU, pytest -k window_sum_matches, 2 cores).
   geom = _geom(case)
   window, strides, padding, dilation, _, shape = CASES[case]
-  # Multiples of 1/8: float32 sums are exact in any order, so both paths agree to 1e-6.
+  # Multiples of 1/8: float32 sums are exact in any order, so they equal the float64 oracle.
   x = _inputs(shape, seed=9)["int32"].astype(np.float32) / 8
   g = np.random.default_rng(10).integers(
       -4, 5, (shape[0], *geom.out_shape, shape[-1])).astype(np.float32) / 8
-  # Normal floats for the JVP: the summation order differs, so float32 rounding differs.
+  # Normal floats for the JVP (the sum of the tangent): float32 rounding differs by order.
   t = _inputs(shape, seed=11)["normal"]
-  # The separable sum and the unrolled one in one program.
-  (total, grad, jvp), (want, want_grad, want_jvp) = _sum_transforms((_sum, tap_sum), geom, x, g, t)
-  np.testing.assert_allclose(np.asarray(total), np.asarray(want), rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(jvp), np.asarray(want_jvp), rtol=1e-5, atol=1e-5)
+  total, grad, jvp = _sum_transforms(geom, x, g, t)
+  out_shape = tuple(reference.output_size(n, k, s, lo, hi, dilation=d, ceil_mode=CASES[case][4])
+                    for n, k, s, (lo, hi), d in zip(shape[1:-1], window, strides, _pairs(case),
+                                                    dilation, strict=True))
+  assert total.shape == g.shape == (shape[0], *out_shape, shape[-1])
+  np.testing.assert_array_equal(np.asarray(total), _mirror_sum(case, x, out_shape))
+  np.testing.assert_array_equal(np.asarray(grad), _mirror_sum_transpose(case, g, shape))
+  np.testing.assert_allclose(np.asarray(jvp), _mirror_sum(case, t, out_shape), rtol=1e-5,
+                             atol=1e-5)
   if all(d == 1 for d in dilation):  # reference.avg_pool has no dilation
     ref = reference.avg_pool(
         x.astype(np.float64), window, strides, padding, ceil_mode=CASES[case][4],

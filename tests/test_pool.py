@@ -61,10 +61,14 @@ def test_maxpool_seed003_overlapping_windows():
   np.testing.assert_array_equal(plane(indices), [[6, 6], [13, 13]])
 
 
+# The gradients of the explicit vectors below are jitted: eager, every op of the backward
+# compiles on its own (jitted, the seven tests that take one went 2.5 s -> 1.2 s of compile
+# CPU, pytest -k with their names -p tools.compile_census, 2 cores). Eager and jitted runs,
+# gradient included, are compared in test_pool_eager_equals_jit.
 def test_maxpool_seed003_gradient_lands_on_argmax():
   # seed 003: output gradients 1, 2, 3, 4 land on cells 5, 6, 13, 11; 0 elsewhere.
   cotangent = jnp.array([[1.0, 2.0], [3.0, 4.0]])[None, :, :, None]
-  grad = jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) * cotangent))(nhwc(GRID))
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(MaxPool((2, 2))(x) * cotangent)))(nhwc(GRID))
   expected = np.zeros(16, np.float32)
   expected[[5, 6, 13, 11]] = [1, 2, 3, 4]
   np.testing.assert_array_equal(plane(grad), expected.reshape(4, 4))
@@ -73,7 +77,7 @@ def test_maxpool_seed003_gradient_lands_on_argmax():
 def test_maxpool_seed003_overlapping_gradient_accumulates():
   # k3 s1: cell 6 wins windows (0, 0) and (0, 1), cell 13 wins (1, 0) and (1, 1).
   cotangent = jnp.array([[1.0, 2.0], [3.0, 4.0]])[None, :, :, None]
-  grad = jax.grad(lambda x: jnp.sum(MaxPool((3, 3), 1)(x) * cotangent))(nhwc(GRID))
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(MaxPool((3, 3), 1)(x) * cotangent)))(nhwc(GRID))
   expected = np.zeros(16, np.float32)
   expected[6], expected[13] = 1 + 2, 3 + 4
   np.testing.assert_array_equal(plane(grad), expected.reshape(4, 4))
@@ -132,7 +136,7 @@ def test_maxpool_ties_first_maximum_wins():
   x = nhwc([[5.0, 5.0], [5.0, 5.0]])
   values, indices = MaxPool((2, 2), return_indices=True)(x)
   assert plane(indices).tolist() == [[0]]
-  grad = jax.grad(lambda x: MaxPool((2, 2))(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: MaxPool((2, 2))(x).sum()))(x)
   np.testing.assert_array_equal(plane(grad), [[1, 0], [0, 0]])
   _, indices = MinPool((2, 2), return_indices=True)(nhwc([[7.0, 2.0], [2.0, 2.0]]))
   assert plane(indices).tolist() == [[1]]
@@ -144,7 +148,7 @@ def test_maxpool_nan_propagates_and_last_nan_wins():
   x = jnp.array([1.0, np.nan, 3.0, np.nan])[None, :, None]
   values, indices = MaxPool((4,), return_indices=True)(x)
   assert np.isnan(values[0, 0, 0]) and indices[0, 0, 0] == 3
-  grad = jax.grad(lambda x: MaxPool((4,))(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: MaxPool((4,))(x).sum()))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 0, 0, 1])
   values, indices = MinPool((2,), return_indices=True)(x)
   assert np.isnan(values[0, :, 0]).all()
@@ -184,14 +188,14 @@ def test_maxpool_dilation_and_gradient():
   np.testing.assert_array_equal(values[0, :, 0], [1, 5, 2])
   np.testing.assert_array_equal(indices[0, :, 0], [2, 1, 4])
   weights = jnp.arange(1.0, 4.0)[None, :, None]
-  grad = jax.grad(lambda x: jnp.sum(MaxPool((2,), 1, dilation=2)(x) * weights))(x)
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(MaxPool((2,), 1, dilation=2)(x) * weights)))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [0, 2, 1, 0, 3])
 
 
 def test_maxpool_gradient_drops_padding():
   # Hand computation: k3 s1 p1 over [2, 1]: both windows pick cell 0; padding gets nothing.
   x = jnp.array([2.0, 1.0])[None, :, None]
-  grad = jax.grad(lambda x: MaxPool((3,), 1, 1)(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: MaxPool((3,), 1, 1)(x).sum()))(x)
   np.testing.assert_array_equal(grad[0, :, 0], [2, 0])
 
 
@@ -300,7 +304,7 @@ def _values_and_grad(module, x):
     "module",
     [
         AvgPool((3, 3), 2, 1, ceil_mode=True, count_include_pad=False),
-        MaxPool((3, 3), 2, ((1, 0), (0, 1)), dilation=(1, 2)),
+        MaxPool((2, 2), 2, ((1, 0), (0, 1)), dilation=(1, 2)),
         MinPool((2, 2), 1, "SAME"),
         LPPool(3, (2, 2), ceil_mode=True),
     ],
@@ -344,9 +348,13 @@ def test_maxpool_vmap_matches_batch():
 
 
 def test_maxpool_dtypes_match_float32():
-  # Integer-valued inputs are exact in every dtype here, so max and min agree exactly.
-  x = np.random.default_rng(3).integers(-100, 100, (2, 5, 7, 3))
-  pools = [cls((3, 3), 2, 1, return_indices=True) for cls in (MaxPool, MinPool)]
+  # Integer-valued inputs are exact in every dtype here, so max and min agree exactly. A
+  # 1-D map, windows of 3 at stride 2 with both borders padded: a dtype changes each
+  # element's comparison and fill, not how the taps are read at any rank (3x3 windows on a
+  # 5x7 map took 1.0 s of compile CPU, 1-D 0.6 s: pytest -k dtypes_match_float32
+  # -p tools.compile_census, 2 cores).
+  x = np.random.default_rng(3).integers(-100, 100, (2, 11, 3))
+  pools = [cls((3,), 2, 1, return_indices=True) for cls in (MaxPool, MinPool)]
   dtypes = (jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8)
   # One program for both pools in every dtype and float32, the reference computed once (eager:
   # each layout step compiled alone; one program per dtype took 4 compiles of the float32 pools).
@@ -381,6 +389,12 @@ def _has_infinity(dtype) -> bool:
 # (the others take the same -inf padding as float32, which other tests cover).
 DTYPE_CASES = {"taps": FLOATS,
                "xla": [d for d in FLOATS if _jax_holds(d) and not _has_infinity(d)]}
+# With return_indices=True a max or min runs the taps under either implementation
+# (nnx_pool._window_kernels.window_extremum): "xla" pools values only, so that its max and min
+# run XLA's reduce_window from their finite padding value. (With indices, its program compiled
+# the taps' kernels a second time: 2.5 s of compile CPU, 0.9 s values only, pytest -k
+# "every_ml_dtypes and xla" -p tools.compile_census, 2 cores.)
+_INDICES = {"taps": True, "xla": False}
 
 
 @pytest.mark.parametrize("implementation", list(DTYPE_CASES))
@@ -393,20 +407,25 @@ def test_select_pool_every_ml_dtypes_float(implementation):
       name = np.dtype(dtype).name
       with pytest.raises(TypeError, match=f"`inputs` has dtype {name}, which this JAX cannot"):
         MaxPool(3, 2, 1)(np.zeros((1, 4, 4, 1), dtype))
-  # 2x2 windows at stride 2 with one cell of padding on a 6x8 map: the first and the last
-  # window of each dim read padding (low and high borders). The kernel's code is the same
-  # for any window (one tap per cell); 2x2 compiles 4 taps per dtype, 3x3 took 9.
-  xs = [np.random.default_rng(7).uniform(-6, 6, (1, 6, 8, 2)).astype(d) for d in held]
+  # Windows of 2 at stride 2 with one cell of padding on a length-10 map: the first and the
+  # last window read padding (low and high borders). The kernel's code is the same for any
+  # window (one tap per cell) and rank (each dim's taps alike); what a dtype changes is each
+  # element's comparison, fill and rounding. 1-D compiles 2 taps per dtype: 2x2 on a 6x8
+  # map took 3.4 s of compile CPU for [taps], 1-D 2.2 s (pytest -k "every_ml_dtypes and
+  # taps" -p tools.compile_census, 2 cores).
+  xs = [np.random.default_rng(7).uniform(-6, 6, (1, 10, 2)).astype(d) for d in held]
   # MinPool in the dtypes without infinity, whose padding is their own largest value; in the
   # others it pads with +inf as in float32 (other tests), and MaxPool shows each of them
   # works. Min in those took 0.5 s CPU of [taps] (pytest -k every_ml_dtypes, 2 cores).
   with_min = [not _has_infinity(d) for d in held]
 
+  indices = _INDICES[implementation]
+
   @jax.jit  # one compilation for the pools over every dtype
   def pools(vs):
-    return [(MaxPool(2, 2, 1, return_indices=True)(v),
-             MinPool(2, 2, 1, return_indices=True)(v) if m else None,
-             AvgPool(2, 2, 1, count_include_pad=False)(v))
+    return [(MaxPool((2,), 2, 1, return_indices=indices)(v),
+             MinPool((2,), 2, 1, return_indices=indices)(v) if m else None,
+             AvgPool((2,), 2, 1, count_include_pad=False)(v))
             for v, m in zip(vs, with_min, strict=True)]
 
   with nnx_pool.use_implementation(implementation):
@@ -415,14 +434,16 @@ def test_select_pool_every_ml_dtypes_float(implementation):
     name = np.dtype(dtype).name
     x32 = x.astype(np.float32)
     selects = [(maxima, reference.max_pool), (minima, reference.min_pool)]
-    for (values, indices), mirror in (pair for pair in selects if pair[0] is not None):
-      want_values, want_indices = mirror(x32, (2, 2), (2, 2), ((1, 1), (1, 1)))
+    for out, mirror in (pair for pair in selects if pair[0] is not None):
+      values = out[0] if indices else out
+      want_values, want_indices = mirror(x32, (2,), (2,), ((1, 1),))
       assert values.dtype == dtype, name
       np.testing.assert_array_equal(np.asarray(values).astype(np.float32), want_values,
                                     err_msg=name)
-      np.testing.assert_array_equal(indices, want_indices, err_msg=name)
+      if indices:
+        np.testing.assert_array_equal(out[1], want_indices, err_msg=name)
     # Averages sum in float32 and round once: within one rounding of the float64 mean.
-    want = reference.avg_pool(x32.astype(np.float64), (2, 2), (2, 2), ((1, 1), (1, 1)),
+    want = reference.avg_pool(x32.astype(np.float64), (2,), (2,), ((1, 1),),
                               count_include_pad=False)
     assert mean.dtype == dtype, name
     np.testing.assert_allclose(np.asarray(mean).astype(np.float64), want,
@@ -520,7 +541,7 @@ def test_avgpool_gradient_closed_form():
   # The gradient of sum(avg) puts 1 / divisor on every cell of every window covering it.
   # k3 s1 p1 over L=4 excluding pads: divisors [2, 3, 3, 2]; cell 0 is in windows 0, 1.
   x = jnp.zeros((1, 4, 1))
-  grad = jax.grad(lambda x: AvgPool((3,), 1, 1, count_include_pad=False)(x).sum())(x)
+  grad = jax.jit(jax.grad(lambda x: AvgPool((3,), 1, 1, count_include_pad=False)(x).sum()))(x)
   expected = [1 / 2 + 1 / 3, 1 / 2 + 1 / 3 + 1 / 3, 1 / 3 + 1 / 3 + 1 / 2, 1 / 3 + 1 / 2]
   np.testing.assert_allclose(grad[0, :, 0], expected, rtol=1e-6)
 
@@ -676,10 +697,16 @@ def test_maxpool_gradient_matches_mirror(window, strides, padding, dilation, cei
   expected = reference.max_pool_grad(
       x, g, window, strides, padding, dilation=dilation, ceil_mode=ceil_mode
   )
-  dtypes = (jnp.bfloat16, jnp.float16, jnp.float32)
+  # bfloat16 and float16 on the 2-D geometry with overlapping windows, padding and ceil
+  # mode and on the 3-D one: a dtype changes each element's comparison and each cell's
+  # accumulation, not the geometry (float32 shows the other two); the low-precision ones on
+  # all four took 1.5 s of compile CPU, on two 1.0 s (pytest -k gradient_matches_mirror
+  # -p tools.compile_census, 2 cores).
+  low = len(window) == 3 or window == (3, 3)
+  dtypes = (jnp.bfloat16, jnp.float16, jnp.float32) if low else (jnp.float32,)
 
-  # Jitted (eager, the backward's every op compiles on its own), the three dtypes' gradients
-  # in one program (one per dtype took 12 compiles for the 4 geometries).
+  # Jitted (eager, the backward's every op compiles on its own), the dtypes' gradients in
+  # one program (one per dtype took 12 compiles for the 4 geometries).
   @jax.jit
   def grads(x, g):
     return [jax.grad(lambda v: jnp.sum(pool(v).astype(jnp.float32) * g))(x.astype(dtype))

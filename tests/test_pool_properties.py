@@ -16,9 +16,12 @@ keeps each example fast; a failure prints the configuration and the seed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +31,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import nnx_pool
+import nnx_pool._separable
 from nnx_pool import AvgPool, LPPool, MaxPool, MinPool, reference
 
 # Deterministic, no example database in the repository, no per-example deadline
@@ -125,12 +129,50 @@ def _padding_spelling(draw, mode, pairs):
   return pairs
 
 
+# The separable tests pool windows over this many taps one spatial dim at a time: the
+# modules' UNROLL_LIMIT (64) lowered to it while they run (_separable_over). The separable
+# code is the same for any tap count (a loop over each dim's taps); the dispatch at the
+# real limit and windows of 60 to 125 taps are tested in test_kernels.py. The separable
+# examples draw the same features at either limit (listed with a script over the valid
+# examples). Over 64 (65 to 70 taps along the long dim), the max/min test's 8 examples took
+# 0.6 s each to trace and their programs 3.5 s of compile CPU; over 16, 1.7 s (pytest
+# tests/test_pool_properties.py -p tools.compile_census, 2 cores: 8.8 s -> 6.3 s of compile
+# CPU for the file). No window the other tests here draw has over 9 taps, so none of their
+# kernels, traced once per geometry and shape, is one of these.
+_SEPARABLE_LIMIT = 16
+
+
+_SEPARABLE_RAN: set = set()  # (geometry, input shape) of the kernels that ran separable
+
+
+@contextlib.contextmanager
+def _separable_over(name, module, cfg):
+  """``UNROLL_LIMIT`` lowered to :data:`_SEPARABLE_LIMIT`, asserting that ``name``
+  (``separable_select`` or ``separable_sum``) ran on ``module``'s geometry over ``cfg``'s
+  input where its window has over that many taps (a single window is trimmed to the
+  input): in the block, or in an earlier one (a kernel is traced once per geometry and
+  shape, and reused; one traced outside these blocks would fail here)."""
+  original = getattr(nnx_pool._separable, name)
+
+  def recorded(x, geom, *args, **kwargs):
+    _SEPARABLE_RAN.add((geom, x.shape))
+    return original(x, geom, *args, **kwargs)
+
+  with mock.patch.object(nnx_pool._separable, "UNROLL_LIMIT", _SEPARABLE_LIMIT), \
+      mock.patch.object(nnx_pool._separable, name, recorded):
+    yield
+  geom = module.window.resolve(cfg.spatial)
+  if geom.size > _SEPARABLE_LIMIT:  # not a single window trimmed to the input under it
+    shape = (cfg.batch or 1, *cfg.spatial, cfg.channels)
+    assert (geom, shape) in _SEPARABLE_RAN, f"{name} did not run"
+
+
 @st.composite
 def configs(draw, kind, *, max_size=None, beyond_half=False, separable=False):
   """A window configuration; with ``beyond_half`` the padding may exceed our limit.
 
-  With ``separable`` the window has over 64 taps (one long dim), which the
-  modules pool one spatial dim at a time (``_separable.UNROLL_LIMIT``).
+  With ``separable`` the window has over :data:`_SEPARABLE_LIMIT` taps (one long dim),
+  which the modules pool one spatial dim at a time under :func:`_separable_over`.
   """
   ndim = draw(st.integers(1, 3))
   max_window = {1: 4, 2: 3, 3: 2}[ndim]
@@ -138,7 +180,7 @@ def configs(draw, kind, *, max_size=None, beyond_half=False, separable=False):
   if separable:
     axis = draw(st.integers(0, ndim - 1))
     others = math.prod(window) // window[axis]
-    long = draw(st.integers(64 // others + 1, 64 // others + 6))
+    long = draw(st.integers(_SEPARABLE_LIMIT // others + 1, _SEPARABLE_LIMIT // others + 6))
     window = (*window[:axis], long, *window[axis + 1:])
   strides = tuple(draw(st.integers(1, 3)) for _ in range(ndim))
   dilation = (1,) * ndim
@@ -254,15 +296,23 @@ def _apply(module, cfg: Config, x: np.ndarray):
   return jax.tree.map(lambda a: a[None], out)
 
 
-def _jit_apply(module, cfg: Config, x: np.ndarray):
-  """:func:`_apply` under one ``jax.jit``: one compiled program per example.
+def _jit_apply(cfg: Config, x: np.ndarray, **extra):
+  """:func:`_apply` of ``cfg.module(**extra)`` under one ``jax.jit``: one compiled program
+  per configuration.
 
-  Every example has its own geometry, so each compiles anew; called eagerly, a module
-  also compiles its small layout steps (the batch axis, the index flattening) one by
-  one, which cost more than the kernel. Eager calls equal jitted ones
+  Examples differ in geometry, so most compile anew; those that differ in their input's
+  seed alone (5 of the 40 max/min examples, 1 of 25 avg, 4 of 25 lp) reuse the program.
+  Called eagerly, a module also compiles its small layout steps (the batch axis, the index
+  flattening) one by one, which cost more than the kernel. Eager calls equal jitted ones
   (test_pool.py::test_pool_eager_equals_jit), and the other test files call eagerly.
   """
-  return jax.jit(lambda v: _apply(module, cfg, v))(x)
+  return _jitted(dataclasses.replace(cfg, seed=0), tuple(sorted(extra.items())))(x)
+
+
+@functools.cache
+def _jitted(cfg: Config, extra):
+  module = cfg.module(**dict(extra))
+  return jax.jit(lambda v: _apply(module, cfg, v))
 
 
 def _cotangent(cfg: Config, shape) -> np.ndarray:
@@ -290,7 +340,7 @@ def test_maxpool_minpool_match_mirror(cfg, return_indices):
   assume(out_shape is not None)
   x = _input(cfg)
   want_values, want_indices = _mirror_select(cfg, x)
-  out = _jit_apply(cfg.module(return_indices=return_indices), cfg, x)
+  out = _jit_apply(cfg, x, return_indices=return_indices)
   values, indices = out if return_indices else (out, None)
   assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
   assert values.dtype == x.dtype
@@ -338,7 +388,7 @@ def test_avgpool_matches_mirror(cfg):
         x, cfg.window, cfg.strides, cfg.mirror_padding, ceil_mode=cfg.ceil_mode,
         count_include_pad=cfg.count_include_pad, divisor_override=cfg.divisor_override,
     )
-  got = _jit_apply(cfg.module(), cfg, x)
+  got = _jit_apply(cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   assert got.dtype == x.dtype
   np.testing.assert_allclose(got, want, **_AVG_TOL)
@@ -352,7 +402,7 @@ def test_lppool_matches_mirror(cfg):
   x = _input(cfg, positive=True)
   # NumPy mirror: (avg_pool(x**p) * prod(window)) ** (1/p), as PyTorch computes it.
   want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides, ceil_mode=cfg.ceil_mode)
-  got = _jit_apply(cfg.module(), cfg, x)
+  got = _jit_apply(cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
@@ -375,7 +425,8 @@ def test_separable_maxpool_minpool_match_mirror(cfg):
     (grad,) = vjp((ct, np.zeros(indices.shape, jax.dtypes.float0)))
     return values, indices, grad
 
-  values, indices, grad = run(x, g)  # NumPy in: jnp.asarray compiles per shape
+  with _separable_over("separable_select", module, cfg):
+    values, indices, grad = run(x, g)  # NumPy in: jnp.asarray compiles per shape
   assert values.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_array_equal(values, want_values)
   np.testing.assert_array_equal(indices, want_indices)
@@ -399,7 +450,8 @@ def test_separable_avgpool_lppool_match_mirror(cfg):
     else:
       want = reference.lp_pool(x, cfg.norm_type, cfg.window, cfg.strides,
                                ceil_mode=cfg.ceil_mode)
-  got = _jit_apply(cfg.module(), cfg, x)
+  with _separable_over("separable_sum", cfg.module(), cfg):
+    got = _jit_apply(cfg, x)
   assert got.shape == (x.shape[0], *out_shape, x.shape[-1])
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
