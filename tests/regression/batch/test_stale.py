@@ -162,8 +162,11 @@ def test_stale_numbers_reach_the_table_the_json_and_the_page(checked):
 
 @pytest.fixture(scope="module")
 def after(tmp_path_factory):
+  # B without "linear", which the diff below does not read (its STALE row without numbers is
+  # check's, above): recording it ran the layer jit, eager and its parameter gradients again.
   out = tmp_path_factory.mktemp("stale") / "after"
-  assert commands.record(AFTER, out, reps=FAST).exit_code == 0
+  assert commands.record([c for c in AFTER if c.name != "linear"], out,
+                         reps=FAST).exit_code == 0
   return out
 
 

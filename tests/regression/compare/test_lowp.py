@@ -149,8 +149,9 @@ def test_rounding_of_the_scale_passes_in_low_precision(dtype, ulps):
 
 # -------------------------------------------------- the guard, on bfloat16 runs
 
-X = jnp.asarray(np.sin(np.arange(4 * 16) * 0.37).reshape(4, 16), jnp.bfloat16)
-W = jnp.asarray(np.cos(np.arange(16 * 10) * 0.11).reshape(16, 10) * 2e-4, jnp.bfloat16)
+# NumPy-made (ml_dtypes' bfloat16): no program compiled to make them.
+X = np.sin(np.arange(4 * 16) * 0.37).reshape(4, 16).astype(BF16)
+W = (np.cos(np.arange(16 * 10) * 0.11).reshape(16, 10) * 2e-4).astype(BF16)
 
 
 def _failure(call) -> RegressionFailure:
@@ -201,7 +202,10 @@ def test_a_bfloat16_linear_layer_kernel_times_1_05_fails(tmp_path):
                                          X, eager=False))
   (row,) = failure.outcome.report.rows
   assert row.status == "FAIL"
-  base, new = np.asarray(X @ W), np.asarray(X @ (W * 1.05).astype(W.dtype))
+  # NumPy: the products summed in float32, as XLA's CPU dot of bfloat16 does, then rounded.
+  x32 = X.astype(F32)
+  base = (x32 @ W.astype(F32)).astype(BF16)
+  new = (x32 @ (W * 1.05).astype(BF16).astype(F32)).astype(BF16)
   assert 1e-4 < _scale(base) < 1e-2  # an output of size 1e-3, moved by 5% of it
   assert _moved(new, base) == pytest.approx(0.05 * _scale(base), rel=0.2)
 
