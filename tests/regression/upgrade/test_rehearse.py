@@ -219,6 +219,31 @@ def test_installed_pins_of_this_environment_hold_jax_and_not_nnx_pool():
   assert list(pins) == sorted(pins)
 
 
+def test_this_environment_is_read_again_once_a_folder_on_the_path_changes(tmp_path, monkeypatch):
+  # Read once per state of sys.path (every bisect and rehearse step asks): a distribution
+  # installed into a folder on it, or a folder added to it, is seen at the next call.
+  site = tmp_path / "site"
+  site.mkdir()
+  monkeypatch.syspath_prepend(str(site))
+  reads = []
+  read = rehearse_plan.first_copies
+  monkeypatch.setattr(rehearse_plan, "first_copies", lambda dists: reads.append(1) or read(dists))
+  before = rehearse_plan.installed_pins()
+  assert "stand-in-lib" not in before
+  assert rehearse_plan.installed_pins() == before and rehearse_plan.installed_depends()
+  assert len(reads) == 1
+  _dist_info(site, "stand-in-lib", "1.0")
+  os.utime(site, ns=(0, 0))  # a distinct time, whatever the file system's resolution
+  assert rehearse_plan.installed_pins()["stand-in-lib"] == "1.0"
+  other = tmp_path / "other"
+  other.mkdir()
+  _dist_info(other, "another-lib", "2.0")
+  monkeypatch.syspath_prepend(str(other))
+  assert rehearse_plan.installed_pins()["another-lib"] == "2.0"
+  assert rehearse_plan.installed_depends()["another-lib"] == ()
+  assert len(reads) == 3
+
+
 def test_this_source_of_a_checkout_is_copied_never_built_in_place(tmp_path):
   source = rehearse_source.this_source()
   assert source.root == ROOT and any(r.startswith("jax>=") for r in source.requires)
