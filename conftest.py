@@ -5,7 +5,6 @@ through Sybil. Blocks written as ``>>>`` sessions are doctests, so every result 
 compared with what the library really returns.
 """
 
-import atexit
 import doctest
 import gc
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 # back on; pytest-xdist's controller, which collects nothing, at its session's start.
 gc.disable()
 
+import pytest  # noqa: E402
 from sybil import Sybil  # noqa: E402
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser  # noqa: E402
 
@@ -148,16 +148,20 @@ def pytest_configure(config):
     _configure_jax()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config):
+  if hasattr(config, "workerinput"):
+    # A pytest-xdist worker sent its last report and "workerfinished" at the session's end;
+    # what remained kept the controller waiting: pytest's final garbage collection over all
+    # a worker holds (0.7 s to 1 s), then the interpreter's teardown (jax destroying the
+    # 2,000 or more programs it compiled). From the last worker's last test to the run's
+    # end: 6.4 s when it tore down, 2.1 s leaving at its interpreter's exit (os._exit
+    # registered with atexit), 1.3 s leaving here, before the other plugins' unconfigure
+    # (`make test`, 2 cores). The controller counts a worker that closes its channel after
+    # "workerfinished" as finished, not as lost.
+    _exit_now()
   for path in _OWN_CACHE:
     shutil.rmtree(path, ignore_errors=True)
-  if hasattr(config, "workerinput"):
-    # A pytest-xdist worker has sent its last report; tearing down its interpreter (jax
-    # destroying the 2,000 or more programs it compiled) kept the controller waiting: from
-    # the last worker's unconfigure to the run's end, 6.4 s before this exit, 2.1 s since
-    # (`make test`, 2 cores). Registered last, this runs first when the worker exits, as the kit's
-    # processes/group.py does for a broken group of processes.
-    atexit.register(_exit_now)
 
 
 def _exit_now() -> None:
