@@ -179,10 +179,11 @@ def _this_environment() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
 
 
 def _modified(entry: str) -> tuple[str, int]:
+  path = entry or os.getcwd()  # "" is the working directory, wherever that is now
   try:
-    return entry, os.stat(entry or ".").st_mtime_ns
+    return path, os.stat(path).st_mtime_ns
   except OSError:
-    return entry, -1
+    return path, -1
 
 
 def first_copies(dists: Iterable[importlib.metadata.Distribution] | None,
