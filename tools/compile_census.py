@@ -62,7 +62,9 @@ def pytest_runtest_setup(item) -> None:
   _current[0] = item.nodeid.split("::")[0]
 
 
-def pytest_unconfigure(config) -> None:
+# At the session's end, not at unconfigure: an xdist worker leaves at the start of its
+# unconfigure (conftest.py), before the other plugins' hooks run.
+def pytest_sessionfinish(session) -> None:
   out = _directory()
   out.mkdir(parents=True, exist_ok=True)
   times = os.times()
