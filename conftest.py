@@ -122,6 +122,15 @@ def _one_thread_each() -> None:
     os.environ.setdefault(name, "1")
 
 
+# The suite's baselines live in temporary directories, which need not outlive a crash of the
+# machine: the kit's writes skip their fsyncs (NNX_POOL_FSYNC=0, docs/regression.md), which
+# wait for the disk (about 3 ms each on the 2-core runner; `make test` wrote 2,511, strace -c
+# -w). Everything else about a write, its order and its atomicity against a killed process,
+# stays; tests/regression/store/test_store.py checks the fsyncs of the default.
+def _no_fsync() -> None:
+  os.environ.setdefault("NNX_POOL_FSYNC", "0")
+
+
 def _configure_jax() -> None:
   """The settings of a process that runs tests (jax may already be imported here)."""
   import jax
@@ -140,6 +149,7 @@ def pytest_configure(config):
   worker = hasattr(config, "workerinput")
   if not worker:  # the controller, or a run without xdist
     _share_compilation_cache()
+    _no_fsync()
     if getattr(config.option, "numprocesses", None):
       _one_thread_each()
   # pytest-xdist's controller runs no test: it starts its workers without importing jax
