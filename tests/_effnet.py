@@ -27,13 +27,14 @@ any change of the eval-mode logits.
 ``EffNet(width=0.25, depth=1)`` (122,868 parameters) is the same code on a quarter of the
 widths with one block per stage. The guard's unit tests use a shorter one still, since
 compiling a gradient costs CPU in proportion to the layers (4.4 s for these 7 blocks, 2.2 s
-for 3): ``effnet_cheaply(width=0.25, depth=1, stages=3, tail_gain=0.1)``, the first three
-blocks of the same code (MBConv, the hand-written SE, BatchNorm, Dropout; 10,920
-parameters). Three blocks shrink less (eval-mode logits 9.5e-4 at LeCun's scale), so the
-kernels after ``blocks.0`` are drawn at a tenth of LeCun's variance, standing for the
-blocks left out: eval-mode logits 7.7e-8 to 1.9e-7 (seeds 0 to 3, ``images(2, 32)``), of
-order 0.1 with ``training=True``, while the stem and ``blocks.0`` (whose SE a test
-changes) work at the scale they have in the deeper models. Channels-last, as nnx-pool.
+for 3, 1.6 s for 2): ``effnet_cheaply(width=0.25, depth=1, stages=2, tail_gain=0.01)``, the
+first two blocks of the same code (a residual MBConv with Dropout and a strided, expanded
+one; the hand-written SE, BatchNorm; 8,502 parameters). Two blocks shrink less (eval-mode
+logits 7.6e-3 at LeCun's scale), so the kernels after ``blocks.0`` are drawn at a hundredth
+of LeCun's variance, standing for the blocks left out: eval-mode logits 5.5e-8 to 2.4e-7
+(seeds 0 to 3, ``images(2, 32)``), 0.04 to 0.08 with ``training=True``, while the stem and
+``blocks.0`` (whose SE a test changes) work at the scale they have in the deeper models.
+Channels-last, as nnx-pool.
 """
 
 from __future__ import annotations
