@@ -27,12 +27,14 @@ any change of the eval-mode logits.
 ``EffNet(width=0.25, depth=1)`` (122,868 parameters) is the same code on a quarter of the
 widths with one block per stage. The guard's unit tests use a shorter one still, since
 compiling a gradient costs CPU in proportion to the layers (4.4 s for these 7 blocks, 2.2 s
-for 3): ``effnet_cheaply(width=0.25, depth=1, stages=3, tail_gain=0.1)``, the first three
-blocks of the same code (MBConv, the hand-written SE, BatchNorm, Dropout; 10,920
-parameters). Three blocks shrink less (eval-mode logits 9.5e-4 at LeCun's scale), so the
-kernels after ``blocks.0`` are drawn at a tenth of LeCun's variance, standing for the
-blocks left out: eval-mode logits 7.7e-8 to 1.9e-7 (seeds 0 to 3, ``images(2, 32)``), of
-order 0.1 with ``training=True``, while the stem and ``blocks.0`` (whose SE a test
+for 3, 1.6 s for 2, 1.4 s for 2 without the 1x1 head):
+``effnet_cheaply(width=0.25, depth=1, stages=2, tail_gain=1e-3, head_conv=False)``, the
+first two blocks of the same code (a residual MBConv with Dropout and a strided, expanded
+one; the hand-written SE, BatchNorm), then the pool, Dropout and the classifier (2,182
+parameters). Two blocks shrink less (eval-mode logits 0.023 to 0.038 at LeCun's scale), so
+the kernels after ``blocks.0`` are drawn at a thousandth of LeCun's variance, standing for
+the blocks left out: eval-mode logits 1.8e-8 to 4.5e-8 (seeds 0 to 3, ``images(2, 32)``),
+0.007 to 0.02 with ``training=True``, while the stem and ``blocks.0`` (whose SE a test
 changes) work at the scale they have in the deeper models. Channels-last, as nnx-pool.
 """
 
@@ -107,11 +109,13 @@ class MBConv(nnx.Module):
 class EffNet(nnx.Module):
   """Stem (3x3, stride 2), the MBConv stages, a 1x1 head, global average pool, Dropout and a
   linear classifier; ``__call__(x, training=False)``. ``depth`` caps the blocks per stage,
-  ``stages`` keeps the first that many stages of :data:`STAGES` (None: all)."""
+  ``stages`` keeps the first that many stages of :data:`STAGES` (None: all), ``head_conv=False``
+  leaves out the 1x1 head (convolution, BatchNorm, SiLU): the pool takes the last block's
+  output."""
 
   def __init__(self, *, width: float = 1.0, depth: int | None = None,
                stages: int | None = None, num_classes: int = 10, drop: float = 0.2,
-               rngs: nnx.Rngs):
+               head_conv: bool = True, rngs: nnx.Rngs):
     stem = _channels(32, width)
     self.stem = nnx.Conv(3, stem, (3, 3), strides=2, padding=1, use_bias=False, rngs=rngs)
     self.stem_bn = nnx.BatchNorm(stem, rngs=rngs)
@@ -123,9 +127,11 @@ class EffNet(nnx.Module):
                              rngs=rngs))
         cin = cout
     self.blocks = nnx.List(blocks) if hasattr(nnx, "List") else blocks
-    head = _channels(1280, width)
-    self.head = nnx.Conv(cin, head, (1, 1), use_bias=False, rngs=rngs)
-    self.head_bn = nnx.BatchNorm(head, rngs=rngs)
+    self.head_conv = head_conv
+    head = _channels(1280, width) if head_conv else cin
+    if head_conv:
+      self.head = nnx.Conv(cin, head, (1, 1), use_bias=False, rngs=rngs)
+      self.head_bn = nnx.BatchNorm(head, rngs=rngs)
     self.pool = GlobalAvgPool()
     self.head_drop = nnx.Dropout(drop, rngs=rngs)
     self.classifier = nnx.Linear(head, num_classes, rngs=rngs)
@@ -135,7 +141,8 @@ class EffNet(nnx.Module):
     x = jax.nn.silu(self.stem_bn(self.stem(x), use_running_average=eval_))
     for block in self.blocks:
       x = block(x, training=training)
-    x = jax.nn.silu(self.head_bn(self.head(x), use_running_average=eval_))
+    if self.head_conv:
+      x = jax.nn.silu(self.head_bn(self.head(x), use_running_average=eval_))
     x = self.head_drop(self.pool(x), deterministic=eval_)
     return self.classifier(x)
 

@@ -73,15 +73,17 @@ class Stage(nnx.Module):
 
 
 class ResNet(nnx.Module):
-  """Stem, up to four stages (strides 1, 2, 2, 2; ``blocks`` gives each stage's bottlenecks,
-  and as many stages as it has entries), global average pool, linear head."""
+  """Stem, up to four stages (strides 1, 2, 2, 2, or ``strides``; ``blocks`` gives each
+  stage's bottlenecks, and as many stages as it has entries), global average pool, linear
+  head."""
 
   def __init__(self, blocks=(1, 1, 1, 1), *, width: int = 64, num_classes: int = 10,
-               rngs: nnx.Rngs):
+               strides=None, rngs: nnx.Rngs):
     self.stem = Stem(width, rngs=rngs)
     self.stages = len(blocks)
     cin = width
-    for i, (n, stride) in enumerate(zip(blocks, (1, 2, 2, 2)[:len(blocks)], strict=True)):
+    strides = (1, 2, 2, 2)[:len(blocks)] if strides is None else strides
+    for i, (n, stride) in enumerate(zip(blocks, strides, strict=True)):
       setattr(self, f"layer{i + 1}", Stage(cin, width * 2**i, n, stride, rngs=rngs))
       cin = width * 2**i * EXPANSION
     self.pool = GlobalAvgPool()
@@ -116,13 +118,13 @@ def cross_entropy(model: nnx.Module, x: jax.Array, labels: jax.Array) -> jax.Arr
 
 
 def resnet_cheaply(width: int = 64, num_classes: int = 10, seed: int = 0,
-                   blocks=(1, 1, 1, 1)) -> ResNet:
+                   blocks=(1, 1, 1, 1), strides=None) -> ResNet:
   """A :class:`ResNet` whose parameters come from NumPy (He-scaled normals) instead of its
   JAX initialisers, which take about 8 s of CPU at full width; for tests that need the
   model's size and layout, not Flax's initialisation. In eval mode."""
   model = numpy_initialised(
-      lambda: ResNet(blocks, width=width, num_classes=num_classes, rngs=nnx.Rngs(0)), seed,
-      gain=2.0)
+      lambda: ResNet(blocks, width=width, num_classes=num_classes, strides=strides,
+                     rngs=nnx.Rngs(0)), seed, gain=2.0)
   model.eval()
   return model
 
