@@ -193,15 +193,18 @@ def test_adaptiveavgpool_gradient_hand_computed():
 
 
 # One point per computation path on the (7, 6) map (each op-by-op run compiles every
-# primitive anew, about 50 a path): the global mean; the global max; the window path
-# (7, 3), where every dim divides, for average and max; the per-dim bin path (2, 2), a
-# gather along H (7 to 2) and a reshape along W (6 to 2), for average and max, then
-# concatenated and flattened. The plain Adaptive*Pool modules call the same functions.
+# primitive anew, about 50 a path): the global mean; the window path (7, 3), where every
+# dim divides, for average and max; the per-dim bin path (2, 2), a gather along H (7 to 2)
+# and a reshape along W (6 to 2), for average and max, then concatenated and flattened.
+# The plain Adaptive*Pool modules call the same functions. The global max is the bin
+# path's max (adaptive_max -> bins_select -> _select.arg_extremum_over_bins, its custom
+# derivative included) with the plane as one stage reshaped to one bin, which the reshape
+# stage along W takes here; its own run compiled 39 programs, 1.2 s of CPU (compile census).
 @pytest.mark.parametrize(
     "pool",
-    [GlobalAvgPool(), GlobalMaxPool(), SelectAdaptivePool((7, 3), pool_type="avgmax"),
+    [GlobalAvgPool(), SelectAdaptivePool((7, 3), pool_type="avgmax"),
      SelectAdaptivePool(2, pool_type="catavgmax", flatten=True)],
-    ids=["global_avg", "global_max", "window_avgmax", "bins_catavgmax"],
+    ids=["global_avg", "window_avgmax", "bins_catavgmax"],
 )
 def test_adaptivepools_eager_equals_jit_and_gradients_finite(pool):
   # The kernels jit themselves; jax.disable_jit() runs them op by op, really eagerly.
