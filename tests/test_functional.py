@@ -210,8 +210,12 @@ def test_functional_twins_jit_vmap_and_differentiate():
                                  ((1, 1), (1, 1)))
   want = want + _avg_grad_2x2_stride1(X2.shape)
   np.testing.assert_allclose(grad, want, rtol=1e-6)
-  per_example = jax.vmap(lambda v: F.max_pool(v, 3, 2, 1))(x)  # unbatched (H, W, C) each
-  np.testing.assert_array_equal(per_example, F.max_pool(x, 3, 2, 1))
+  # Unbatched (H, W, C) each under vmap, against the batched call: one program for both
+  # (called eagerly, each compiled the kernel and its layout steps apart: 4 programs).
+  per_example, batched = jax.jit(lambda v: (jax.vmap(lambda u: F.max_pool(u, 3, 2, 1))(v),
+                                            F.max_pool(v, 3, 2, 1)))(x)
+  np.testing.assert_array_equal(per_example, batched)
+  np.testing.assert_array_equal(batched, values)  # the mirror's, above
 
 
 def _avg_grad_2x2_stride1(shape):
@@ -365,11 +369,15 @@ def test_an_omitted_stride_is_refused_naming_both_conventions(name):
 
 
 def test_an_explicit_stride_gives_flaxs_and_pytorchs_results():
-  x = jnp.arange(16.0).reshape(1, 4, 4, 1)
+  x = np.arange(16.0, dtype=np.float32).reshape(1, 4, 4, 1)  # NumPy: jnp.arange compiles
+  # One compiled program for the three (eagerly, each compiled its kernel and steps apart).
+  ours_1, flax_1, ours_2 = jax.device_get(jax.jit(lambda x: (
+      F.avg_pool(x, (2, 2), 1), nnx.avg_pool(x, (2, 2)), F.avg_pool(x, (2, 2), 2)))(x))
   # Flax's default stride 1: nnx.avg_pool(x, (2, 2)) is (1, 3, 3, 1).
-  np.testing.assert_array_equal(F.avg_pool(x, (2, 2), 1), nnx.avg_pool(x, (2, 2)))
+  assert ours_1.shape == (1, 3, 3, 1)
+  np.testing.assert_array_equal(ours_1, flax_1)
   # PyTorch's: seed 004's arange(16) average pool.
-  assert F.avg_pool(x, (2, 2), 2)[0, ..., 0].tolist() == [[2.5, 4.5], [10.5, 12.5]]
+  assert ours_2[0, ..., 0].tolist() == [[2.5, 4.5], [10.5, 12.5]]
 
 
 # ----------------------------------------------------------------------------
