@@ -485,8 +485,9 @@ def _parity_case(case):
 def _ours_with_gradients() -> dict[str, tuple]:
   """Every parity case: our output, the gradients of sum(output * cotangent) by parameter
   path and for the input, and the cotangent (uniform(-1, 1), seed 99), from one compiled
-  program for all seven (a program each: 5.6 s of compile CPU, one: about 0.5 s less,
-  measured with jax.jit(...).lower(...).compile() and time.process_time on 2 cores)."""
+  program for all seven (the backend compile alone, jax.jit(...).lower(...) and then
+  .compile() timed with time.process_time on 2 cores: 5.8-6.0 s of CPU in a program each,
+  5.5 s in one)."""
   cases = [*_POOL_CASES, *_LATENT_CASES]
   graphdefs, params, xs, cotangents = [], [], [], []
   for case in cases:
