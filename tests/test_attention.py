@@ -17,6 +17,7 @@ PyTorch tests skip cleanly when torch is absent.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -298,25 +299,8 @@ def apply(module, x):
 
 @nnx.jit
 def apply_both(a, b, xa, xb):
-  """``a(xa)`` and ``b(xb)`` in one compiled program: pairing the uniform heads and the
-  bfloat16 heads took this file from 12.6 to 12.2 s of compile CPU (3 programs fewer)."""
+  """``a(xa)`` and ``b(xb)`` in one compiled program (each program has a set-up cost)."""
   return a(xa), b(xb)
-
-
-def ours_with_gradients(module, x, cotangent):
-  """The module's output and the gradients of sum(output * cotangent), one compiled call."""
-  graphdef, params = nnx.split(module)
-
-  @jax.jit
-  def run(params, x):
-    def loss(params, x):
-      out = nnx.merge(graphdef, params)(x)
-      return jnp.sum(out * cotangent), out
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
-    return out, grads
-
-  out, (param_grads, x_grad) = run(params, x)
-  return np.asarray(out), flat(param_grads), np.asarray(x_grad)
 
 
 def theirs_with_gradients(torch, forward, sd, x, cotangent):
@@ -332,15 +316,14 @@ def theirs_with_gradients(torch, forward, sd, x, cotangent):
 LARGEST_ERRORS: dict[str, float] = {}
 
 
-def check_parity(case, module, sd, x, torch_forward, numpy_forward, *, nchw: bool):
+def check_parity(case, sd, x, torch_forward, numpy_forward, *, nchw: bool):
   """Values and the gradients of the input and every parameter, ours against PyTorch's.
 
-  Ours are compiled once; their values are first compared with the float64 NumPy
-  statement (``numpy_forward``, None for a resampled map), which needs no torch.
+  Ours are compiled once for every case (_ours_with_gradients); their values are first
+  compared with the float64 NumPy statement (``numpy_forward``, None for a resampled map),
+  which needs no torch.
   """
-  rng = np.random.default_rng(99)
-  cotangent = rng.uniform(-1, 1, jax.eval_shape(module, x).shape).astype(np.float32)
-  ours, our_grads, our_x_grad = ours_with_gradients(module, x, cotangent)
+  ours, our_grads, our_x_grad, cotangent = _ours_with_gradients()[case]
   if numpy_forward is not None:
     np.testing.assert_allclose(ours, numpy_forward(x), rtol=_TOL, atol=_TOL,
                                err_msg=f"{case}: float64 NumPy")
@@ -401,12 +384,13 @@ def test_resample_same_size_is_unchanged_and_keeps_the_prefix_token():
   # timm's early return for the same size; the first token is never resampled.
   pos = jnp.asarray(np.arange(20.0, dtype=np.float32).reshape(10, 2))  # placed, not computed
   assert resample_pos_embed(pos, (3, 3), (3, 3)) is pos
-  resized = jax.jit(resample_pos_embed, static_argnums=(1, 2))(pos, (3, 3), (2, 4))
+  # Results as NumPy arrays: slicing a jax.Array compiles a program per shape.
+  resized = np.asarray(jax.jit(resample_pos_embed, static_argnums=(1, 2))(pos, (3, 3), (2, 4)))
   assert resized.shape == (9, 2)
   np.testing.assert_array_equal(resized[0], [0.0, 1.0])
   # A constant grid stays constant (the weights of each output sum to 1).
   ones = np.concatenate([np.zeros((1, 2)), np.full((49, 2), 1.5)]).astype(np.float32)
-  resized = jax.jit(resample_pos_embed, static_argnums=(1, 2))(ones, (7, 7), (5, 9))
+  resized = np.asarray(jax.jit(resample_pos_embed, static_argnums=(1, 2))(ones, (7, 7), (5, 9)))
   np.testing.assert_allclose(resized[1:], 1.5, rtol=1e-6)
 
 
@@ -485,11 +469,57 @@ def _timm_keys(sd):
   return {rename(k): v for k, v in sd.items()}
 
 
+def _parity_case(case):
+  """The module of a parity case and its input (uniform(-1, 1), seed 21 for AttentionPool's
+  cases, 22 for AttentionPoolLatent's)."""
+  if case in _POOL_CASES:
+    sd, options, shape, _ = _POOL_CASES[case]
+    module, seed = AttentionPool.from_torch(sd, num_heads=2, **options), 21
+  else:
+    sd, options, shape = _LATENT_CASES[case]
+    module, seed = AttentionPoolLatent.from_torch(sd, num_heads=2, **options), 22
+  return module, np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+@functools.cache
+def _ours_with_gradients() -> dict[str, tuple]:
+  """Every parity case: our output, the gradients of sum(output * cotangent) by parameter
+  path and for the input, and the cotangent (uniform(-1, 1), seed 99), from one compiled
+  program for all seven (the backend compile alone, jax.jit(...).lower(...) and then
+  .compile() timed with time.process_time on 2 cores: 5.8-6.0 s of CPU in a program each,
+  5.5 s in one)."""
+  cases = [*_POOL_CASES, *_LATENT_CASES]
+  graphdefs, params, xs, cotangents = [], [], [], []
+  for case in cases:
+    module, x = _parity_case(case)
+    graphdef, state = nnx.split(module)
+    shape = jax.eval_shape(module, x).shape
+    graphdefs.append(graphdef)
+    params.append(state)
+    xs.append(x)
+    cotangents.append(np.random.default_rng(99).uniform(-1, 1, shape).astype(np.float32))
+
+  @jax.jit
+  def run(params, xs, cotangents):
+    out = []
+    for graphdef, state, x, cotangent in zip(graphdefs, params, xs, cotangents, strict=True):
+      def loss(state, x, graphdef=graphdef, cotangent=cotangent):
+        y = nnx.merge(graphdef, state)(x)
+        return jnp.sum(y * cotangent), y
+      (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(state, x)
+      out.append((y, grads))
+    return out
+
+  results = jax.device_get(run(params, xs, cotangents))
+  return {case: (np.asarray(y), flat(param_grads), np.asarray(x_grad), cotangent)
+          for case, (y, (param_grads, x_grad)), cotangent in zip(cases, results, cotangents,
+                                                                  strict=True)}
+
+
 @pytest.mark.parametrize("case", list(_POOL_CASES))
 def test_attention_pool_matches_pytorch_and_numpy(case):
   sd, options, shape, peer = _POOL_CASES[case]
-  module = AttentionPool.from_torch(sd, num_heads=2, **options)
-  x = np.random.default_rng(21).uniform(-1, 1, shape).astype(np.float32)
+  _, x = _parity_case(case)
   pool_type = options.get("pool_type", "token")
 
   def forward(torch, tensors, x):
@@ -500,20 +530,19 @@ def test_attention_pool_matches_pytorch_and_numpy(case):
 
   numpy_forward = None if shape[1:3] != (3, 3) else (  # a resized map: PyTorch's alone
       lambda x: np_attention_pool(_timm_keys(sd), x, num_heads=2, pool_type=pool_type))
-  check_parity(case, module, sd, x, forward, numpy_forward, nchw=True)
+  check_parity(case, sd, x, forward, numpy_forward, nchw=True)
 
 
 @pytest.mark.parametrize("case", list(_LATENT_CASES))
 def test_attention_pool_latent_matches_pytorch_and_numpy(case):
-  sd, options, shape = _LATENT_CASES[case]
-  module = AttentionPoolLatent.from_torch(sd, num_heads=2, **options)
-  x = np.random.default_rng(22).uniform(-1, 1, shape).astype(np.float32)
+  sd, options, _ = _LATENT_CASES[case]
+  _, x = _parity_case(case)
 
   def forward(torch, tensors, x):
     return timm_attention_pool_latent(torch, tensors, x, num_heads=2,
                                       pool_type=options["pool_type"])
 
-  check_parity(case, module, sd, x, forward,
+  check_parity(case, sd, x, forward,
                lambda x: np_attention_pool_latent(sd, x, num_heads=2,
                                                   pool_type=options["pool_type"]),
                nchw=False)
@@ -568,8 +597,11 @@ def _leaves(module) -> dict[str, np.ndarray]:
 
 
 def test_reset_gives_a_new_projection_and_keeps_every_other_weight_bit_for_bit():
-  sd, _, shape, _ = _POOL_CASES["timm separate q/k/v, class token, map"]
-  head = AttentionPool.from_torch(sd, num_heads=2, pool_type="token")
+  # The map head of test_pre_logits_is_the_input_of_the_projection, so that the first call
+  # shares its program; the last reset turns it into a token head.
+  sd, options, shape, _ = _POOL_CASES["timm separate q/k/v, class token, map"]
+  head = AttentionPool.from_torch(sd, num_heads=2, **options)
+  assert head.pool_type == ""
   x = np.random.default_rng(24).uniform(-1, 1, shape).astype(np.float32)
   before = _leaves(head)
   features, _ = features_and_logits(head, x)
@@ -591,11 +623,11 @@ def test_reset_gives_a_new_projection_and_keeps_every_other_weight_bit_for_bit()
       logits, np.asarray(features) @ after["proj.kernel"] + after["proj.bias"], rtol=1e-6,
       atol=1e-6)
 
-  head.reset(0, pool_type="")  # no projection: the features themselves, over the map
-  assert head.proj is None and head.out_features == _C and head.pool_type == ""
-  map_features, output = features_and_logits(head, x)
-  np.testing.assert_array_equal(output, map_features)
-  assert output.shape == (*shape[:3], _C)
+  head.reset(0, pool_type="token")  # no projection: the features themselves, of the token
+  assert head.proj is None and head.out_features == _C and head.pool_type == "token"
+  token_features, output = features_and_logits(head, x)
+  np.testing.assert_array_equal(output, token_features)
+  assert output.shape == (shape[0], _C)
 
 
 @pytest.mark.parametrize("call, error, message", [
@@ -626,12 +658,16 @@ def test_reset_and_pre_logits_refuse(call, error, message):
 
 
 @nnx.jit
-def batchings(module, x):
-  """``module`` on ``(A, B, ...)``: merged to ``(A * B, ...)``, ``x[0, 0]`` alone, vmapped, and
-  (AttentionPool) as given, with two batch axes."""
-  merged = module(x.reshape(-1, *x.shape[2:]))
-  several = module(x) if isinstance(module, AttentionPool) else None
-  return merged, module(x[0, 0]), jax.vmap(module)(x), several
+def batchings(pool, head, pool_x, head_x):
+  """Each module on its ``(A, B, ...)`` input: merged to ``(A * B, ...)``, ``x[0, 0]`` alone,
+  vmapped, and (AttentionPool) as given, with two batch axes; both modules in one program
+  (one each: 1.69 s of compile CPU, compile census)."""
+  def each(module, x):
+    merged = module(x.reshape(-1, *x.shape[2:]))
+    several = module(x) if isinstance(module, AttentionPool) else None
+    return merged, module(x[0, 0]), jax.vmap(module)(x), several
+
+  return each(pool, pool_x), each(head, head_x)
 
 
 def test_batch_axes_unbatched_and_vmap():
@@ -639,9 +675,10 @@ def test_batch_axes_unbatched_and_vmap():
   sd, options, _, _ = _POOL_CASES["open_clip ModifiedResNet keys"]
   pool = AttentionPool.from_torch(sd, num_heads=2, **options)
   head = AttentionPoolLatent.from_torch(_LATENT_CASES["ViT MAP head, token"][0], num_heads=2)
-  for module, inputs in ((pool, x), (head, x.reshape(2, 3, 9, _C))):
-    name = type(module).__name__
-    merged, single, vmapped, several = batchings(module, inputs)
+  # As NumPy arrays: slicing a jax.Array compiles a program per shape.
+  results = jax.device_get(batchings(pool, head, x, x.reshape(2, 3, 9, _C)))
+  for name, (merged, single, vmapped, several) in zip(("AttentionPool", "AttentionPoolLatent"),
+                                                      results, strict=True):
     np.testing.assert_allclose(single, merged[0], rtol=1e-6, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(vmapped.reshape(merged.shape), merged, rtol=1e-6, atol=1e-6,
                                err_msg=name)
@@ -654,20 +691,36 @@ def _np_bf16(x):
   return np.asarray(x, np.float32).astype(jnp.bfloat16).astype(np.float32)
 
 
-@pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
-def test_bfloat16_input_keeps_its_dtype(dtype):
-  # The same heads on a bfloat16 input (computed in float32 by default, in bfloat16 with
-  # dtype=bfloat16) against float64 NumPy on the same (bfloat16) input values; bfloat16
-  # keeps 8 significant bits, so 2**-8 relative per rounding.
+_HEAD_DTYPES = [None, jnp.bfloat16]
+
+
+@functools.cache
+def _bfloat16_heads():
+  """The open_clip head and the ViT MAP head on bfloat16 inputs, with each dtype of
+  _HEAD_DTYPES: the inputs' bfloat16 values (held in float32) and the four outputs, from one
+  compiled program (a program per dtype: 1.31 s of compile CPU, compile census)."""
   rng = np.random.default_rng(8)
   sd, options, shape, _ = _POOL_CASES["open_clip ModifiedResNet keys"]
   x = _np_bf16(rng.uniform(-1, 1, shape))
   latent_sd, latent_options, latent_shape = _LATENT_CASES["ViT MAP head, token"]
   latent_x = _np_bf16(rng.uniform(-1, 1, latent_shape))
-  out, latent_out = apply_both(
-      AttentionPool.from_torch(sd, num_heads=2, dtype=dtype, **options),
-      AttentionPoolLatent.from_torch(latent_sd, num_heads=2, dtype=dtype, **latent_options),
-      x.astype(jnp.bfloat16), latent_x.astype(jnp.bfloat16))
+  heads = [(AttentionPool.from_torch(sd, num_heads=2, dtype=dtype, **options),
+            AttentionPoolLatent.from_torch(latent_sd, num_heads=2, dtype=dtype, **latent_options))
+           for dtype in _HEAD_DTYPES]
+  outputs = nnx.jit(lambda heads, x, latent_x: [(pool(x), head(latent_x)) for pool, head in heads])(
+      heads, x.astype(jnp.bfloat16), latent_x.astype(jnp.bfloat16))
+  return x, latent_x, dict(zip(_HEAD_DTYPES, jax.device_get(outputs), strict=True))
+
+
+@pytest.mark.parametrize("dtype", _HEAD_DTYPES)
+def test_bfloat16_input_keeps_its_dtype(dtype):
+  # The same heads on a bfloat16 input (computed in float32 by default, in bfloat16 with
+  # dtype=bfloat16) against float64 NumPy on the same (bfloat16) input values; bfloat16
+  # keeps 8 significant bits, so 2**-8 relative per rounding.
+  x, latent_x, outputs = _bfloat16_heads()
+  out, latent_out = outputs[dtype]
+  sd = _POOL_CASES["open_clip ModifiedResNet keys"][0]
+  latent_sd = _LATENT_CASES["ViT MAP head, token"][0]
   assert out.dtype == jnp.bfloat16
   expected = np_attention_pool(_timm_keys(sd), x, num_heads=2, pool_type="token")
   tol = 2e-2 if dtype else 8e-3
@@ -685,8 +738,8 @@ def test_attend_softmax_and_sums_in_float32_for_bfloat16():
   rng = np.random.default_rng(9)
   q, k, v = (_np_bf16(rng.uniform(-1, 1, s)) for s in ((2, 1, 2, 4), (2, 512, 2, 4),
                                                        (2, 512, 2, 4)))
-  out = jax.jit(attend)(*(a.astype(jnp.bfloat16) for a in (q, k, v)))
-  assert out.dtype == jnp.bfloat16
+  out = np.asarray(jax.jit(attend)(*(a.astype(jnp.bfloat16) for a in (q, k, v))))
+  assert out.dtype == jnp.bfloat16  # (NumPy's cast below: jax.Array.astype compiles)
   np.testing.assert_allclose(out.astype(np.float32), np_attend(q, k, v), rtol=0, atol=4e-3)
 
 

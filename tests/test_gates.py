@@ -179,12 +179,13 @@ def test_cbam_hand_computed():
 
 
 def test_gates_unbatched_equals_batched():
-  x = np.random.default_rng(0).standard_normal((5, 4, 8)).astype(np.float32)
-  gates = [build(cls, 8) for cls in _GATES.values()]
-  # One compiled call for all four (each compile costs more than these small gates run).
-  both = nnx.jit(lambda gates, x: [(gate(x), gate(x[None])[0]) for gate in gates])(gates, x)
-  for name, (unbatched, batched) in zip(_GATES, both, strict=True):
-    np.testing.assert_array_equal(unbatched, batched, err_msg=name)
+  # Each gate on one (5, 6, 16) map and on it as a batch of one, in one compiled call
+  # (_gates_in_every_dtype's); CBAM in eval and in training mode.
+  unbatched = _gates_in_every_dtype()[2]
+  assert sorted(unbatched) == sorted([*_GATES, "cbam_training"])
+  for name, (single, batched) in unbatched.items():
+    assert single.shape == (5, 6, 16)
+    np.testing.assert_array_equal(single, batched, err_msg=name)
 
 
 # ----------------------------------------------------------------------------
@@ -359,28 +360,51 @@ def test_cbam_channel_mean_is_a_correctly_rounded_division():
   np.testing.assert_array_equal(apply(cbam, x), x * mean)
 
 
+_DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
+
+
 @functools.cache
-def _gates_in_dtype(dtype):
-  """The four gates (seed 3, ``precision="highest"``, CBAM in eval mode), a (2, 5, 6, 16)
-  input in ``dtype`` and each gate's output, from one compiled call for all four (a
-  compile per gate and dtype cost more than the gates run). In float32 also
-  ``"cbam_default"``, the same CBAM with ``precision=DEFAULT``, for
-  test_gates_precision_reaches_every_layer (in a program of its own, this file's lambdas
-  took 2.9 s of compile CPU in 7 programs; so, 2.7 s in 6)."""
+def _gates_in_every_dtype():
+  """The four gates (seed 3, ``precision="highest"``, CBAM in eval mode) and ``"cbam_default"``,
+  the same CBAM with ``precision=DEFAULT`` (for test_gates_precision_reaches_every_layer); one
+  (2, 5, 6, 16) standard normal input (seed 7) in each dtype of _DTYPES; and from one compiled
+  call for all, each gate's output in each dtype (cbam_default's in float32), and each gate's
+  output (and "cbam_training"'s, CBAM in training mode) on the float32 input's first map
+  unbatched and batched, (5, 6, 16) and (1, 5, 6, 16) (for test_gates_unbatched_equals_batched).
+  A program per dtype and one for the unbatched maps (8-channel gates then) took 1.6 s of
+  compile CPU in 4 programs (compile census)."""
   gates = {}
   for name, cls in _GATES.items():
     gates[name] = build(cls, 16, seed=3, precision="highest")
     if name == "cbam":
       gates[name].eval()  # the reference uses the running statistics (mean 1, var 1 from build)
-  if dtype == jnp.float32:
-    gates["cbam_default"] = build(CBAM, 16, seed=3, precision=lax.Precision.DEFAULT)
-    gates["cbam_default"].eval()
-  x = np.random.default_rng(7).standard_normal((2, 5, 6, 16)).astype(dtype)
-  outputs = nnx.jit(lambda gates, x: {name: g(x) for name, g in gates.items()})(gates, x)
+  gates["cbam_default"] = build(CBAM, 16, seed=3, precision=lax.Precision.DEFAULT)
+  gates["cbam_default"].eval()
+  # CBAM as built, in training mode (batch statistics), for the unbatched maps.
+  gates["cbam_training"] = build(CBAM, 16, seed=3, precision="highest")
+  values = np.random.default_rng(7).standard_normal((2, 5, 6, 16))
+  xs = [values.astype(dtype) for dtype in _DTYPES]
+
+  def run(gates, xs):
+    outputs = [{name: gates[name](x) for name in (*_GATES, "cbam_default")
+                if name != "cbam_default" or x.dtype == jnp.float32} for x in xs]
+    first = xs[_DTYPES.index(jnp.float32)][0]
+    unbatched = {name: (gates[name](first), gates[name](first[None])[0])
+                 for name in (*_GATES, "cbam_training")}
+    return outputs, unbatched
+
+  outputs, unbatched = jax.device_get(nnx.jit(run)(gates, xs))
+  return gates, dict(zip(_DTYPES, zip(xs, outputs, strict=True), strict=True)), unbatched
+
+
+def _gates_in_dtype(dtype):
+  """The gates, the input in ``dtype`` and each gate's output on it (_gates_in_every_dtype)."""
+  gates, by_dtype, _ = _gates_in_every_dtype()
+  x, outputs = by_dtype[dtype]
   return gates, x, outputs
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("dtype", _DTYPES)
 @pytest.mark.parametrize("name", list(_GATES))
 def test_gates_keep_the_input_dtype(name, dtype):
   # Issue 21 item 1: bfloat16 and float16 came back float32 (x * scale promoted). Expected
@@ -404,14 +428,17 @@ def test_gates_keep_the_input_dtype(name, dtype):
                 else (ulps * float(info.eps), ulps * float(info.smallest_subnormal)))
   np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=rtol, atol=atol)
   if dtype == jnp.bfloat16 and name in ("ese", "cbam"):
-    # Eager (op by op, which compiles every primitive anew): the same dtype. One low-precision
-    # dtype per gate: float16 takes the same promotion and cast back as bfloat16. SE, ESE
-    # and ECA set the dtype in the same two places, the squeeze (spatial_mean) and the
-    # rounding of x * scale (nnx_pool._gates._scaled): ESE runs them eagerly for the three
-    # (with SE's, se-bfloat16 took 1.86 s, --durations; without, 0.33 s). CBAM's channel
-    # mean and its two gated maps are its own.
+    # Eager (op by op, the pooling kernels' own jit disabled): the same dtype. One
+    # low-precision dtype per gate: float16 takes the same promotion and cast back as
+    # bfloat16. SE, ESE and ECA set the dtype in the same two places, the squeeze
+    # (spatial_mean) and the rounding of x * scale (nnx_pool._gates._scaled): ESE takes them
+    # eagerly for the three (with SE's, se-bfloat16 took 1.86 s, --durations; without,
+    # 0.33 s). CBAM's channel mean and its two gated maps are its own. Only the dtype is the
+    # point, so the op-by-op path is traced (jax.eval_shape under jax.disable_jit), not run:
+    # each op's dtype is its abstract evaluation's either way, and running them compiled 54
+    # programs, 1.4 s of CPU (compile census). test_gates_eager_equals_jit runs gates eagerly.
     with jax.disable_jit():
-      assert gate(x[:1]).dtype == x.dtype
+      assert jax.eval_shape(gate, x[:1]).dtype == x.dtype
 
 
 # ----------------------------------------------------------------------------
@@ -616,8 +643,10 @@ def test_cbam_training_mode_matches_pytorch():
 # cover it in 1-D, ese_3d in 3-D, values and gradients. CBAM's spatial convolution follows
 # the rank: both ranks. (se_3d, ese_1d and eca_3d took those shared paths again; without
 # them the one program's compile went from 2.6 s to 2.1 s of CPU, compile census.)
+# se_1d and eca_1d take one input shape, so that their op-by-op runs
+# (test_gates_eager_equals_jit) share the squeeze's and the scaling's programs.
 _RANKED = {
-    "se_1d": (SqueezeExcitation, (6, 2), {}, (2, 9, 6)),
+    "se_1d": (SqueezeExcitation, (8, 2), {}, (2, 6, 8)),
     "ese_3d": (EffectiveSqueezeExcitation, (5,), {}, (2, 3, 2, 4, 5)),
     "eca_1d": (EfficientChannelAttention, (8, 3), {}, (2, 6, 8)),
     "cbam_1d": (CBAM, (8, 2), {"spatial_kernel_size": 5}, (2, 9, 8)),

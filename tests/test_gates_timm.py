@@ -174,7 +174,7 @@ def test_global_context_initialisation():
   default, zeroed = nnx.jit(make)()
   assert default.squeeze_features == 2  # make_divisible(16 / 8, 1, round_limit=0)
   np.testing.assert_array_equal(default.mlp_add.fc2.kernel[...], np.zeros((2, 16)))
-  assert np.all(default.mlp_scale.fc2.kernel[...] != 0)
+  assert np.all(np.asarray(default.mlp_scale.fc2.kernel[...]) != 0)
   np.testing.assert_array_equal(zeroed.mlp_scale.fc2.kernel[...], np.zeros((2, 16)))
   np.testing.assert_array_equal(zeroed.mlp_scale.fc1.kernel[...], default.mlp_scale.fc1.kernel[...])
 
@@ -357,9 +357,6 @@ _PARITY = {
                                                           add_maxpool=True, norm=True),
                             dict(channels=8, rd_channels=3, add_maxpool=True, norm_layer="bn"),
                             (3, 8, 4, 5)),
-    "se add_maxpool": ("se", SqueezeExcitation, dict(in_features=8, squeeze_features=3,
-                                                     add_maxpool=True),
-                       dict(channels=8, rd_channels=3, add_maxpool=True), (2, 8, 4, 5)),
     "se norm bias=False": ("se", SqueezeExcitation, dict(in_features=8, squeeze_features=3,
                                                          use_bias=False, norm=True),
                            dict(channels=8, rd_channels=3, bias=False, norm_layer="bn"),
@@ -384,6 +381,10 @@ _PARITY = {
                     dict(channels=8, use_attn=False, fuse_add=True, fuse_scale=False,
                          rd_channels=4), (2, 8, 5, 6)),
 }
+# (SE with add_maxpool and no norm took paths kept here and in tests/test_gates.py again: the
+# add_maxpool squeeze in "se add_maxpool norm", SE without a norm in test_gates.py's parity
+# with timm's SEModule, the load of ours into timm's SE keys in "se norm bias=False";
+# without it the one program's compile went from 2.99 s to 2.61 s of CPU, compile census.)
 # Which cases load ours from the timm module's state dict (from_torch); the others load the
 # timm module from ours (load_state_dict, strict).
 _FROM_TORCH = {"ceca k5 C8", "se add_maxpool norm", "light_cbam k3", "gc attn scale add",
@@ -496,9 +497,9 @@ def test_one_and_three_spatial_dims_match_two():
   for gate in (*gates1, *gates2, *gates3):
     gate.eval()
   rows = x[:, :1]  # (2, 1, 5, 6): the 1-D case's 2-D twin
-  two, one, three, two_rows = nnx.jit(lambda g1, g2, g3: (
+  two, one, three, two_rows = jax.device_get(nnx.jit(lambda g1, g2, g3: (
       [g(x) for g in g2], [g(rows[:, 0]) for g in g1], [g(x[:, None]) for g in g3],
-      [g(rows) for g in g2]))(gates1, gates2, gates3)
+      [g(rows) for g in g2]))(gates1, gates2, gates3))  # NumPy: slicing a jax.Array compiles
   for i in range(2):
     np.testing.assert_allclose(three[i][:, 0], two[i], rtol=1e-6, atol=1e-7, err_msg=str(i))
     np.testing.assert_allclose(one[i], two_rows[i][:, 0], rtol=1e-6, atol=1e-7, err_msg=str(i))
@@ -593,7 +594,7 @@ def test_channels_first_inputs_are_named():
         f"{cls.__name__}: `inputs` must be channels-last with in_features=16 on the last axis; "
         "got shape (2, 16, 5, 5). It looks channels-first (NCHW: 16 on axis 1); use "
         "jnp.moveaxis(x, 1, -1).")):
-      gate(jnp.ones((2, 16, 5, 5)))
+      gate(np.ones((2, 16, 5, 5), np.float32))  # NumPy: jnp.ones compiles a broadcast
 
 
 # ----------------------------------------------------------------------------
@@ -613,7 +614,8 @@ _WRAP = ("EfficientChannelAttention: circular padding of (kernel_size - 1) // 2 
 
 _ERRORS = [
     (lambda: EfficientChannelAttention(2, 7, circular=True, rngs=nnx.Rngs(0)), ValueError, _WRAP),
-    (lambda: build(EfficientChannelAttention, None, 7, circular=True)(jnp.ones((1, 3, 3, 2))),
+    (lambda: build(EfficientChannelAttention, None, 7, circular=True)(
+        np.ones((1, 3, 3, 2), np.float32)),
      ValueError, _WRAP),
     (lambda: EfficientChannelAttention(8, circular=1, rngs=nnx.Rngs(0)), TypeError,
      "`circular` must be a bool; got 1."),
@@ -621,7 +623,8 @@ _ERRORS = [
      "`add_maxpool` must be a bool; got 'yes'."),
     (lambda: SqueezeExcitation(8, norm=None, rngs=nnx.Rngs(0)), TypeError,
      "`norm` must be a bool; got None."),
-    (lambda: build(SqueezeExcitation, 8)(jnp.ones((1, 2, 2, 8)), use_running_average=1),
+    (lambda: build(SqueezeExcitation, 8)(np.ones((1, 2, 2, 8), np.float32),
+                                          use_running_average=1),
      TypeError, "SqueezeExcitation: `use_running_average` must be True, False or None (None: "
      "the module's mode, set by .eval() and .train()); got 1."),
     (lambda: LightCBAM(8, spatial_kernel_size=4, rngs=nnx.Rngs(0)), ValueError,

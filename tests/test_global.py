@@ -45,24 +45,32 @@ def test_globalavgpool_keepdims_unbatched_and_1d_3d():
   # Hand computation: arange(12) as (2, 3, 2) (H, W, C): channel 0 holds 0, 2, ..., 10
   # (mean 5), channel 1 holds 1, 3, ..., 11 (mean 6).
   x = np.arange(12.0, dtype=np.float32).reshape(2, 3, 2)  # NumPy inputs: jnp ones compile
-  np.testing.assert_array_equal(GlobalAvgPool()(x), [5.0, 6.0])
-  assert GlobalAvgPool(keepdims=True)(x).shape == (1, 1, 2)
-  assert GlobalAvgPool(keepdims=True)(x[None]).shape == (1, 1, 1, 2)
   # 1-D: (N, L, C) = (1, 4, 1) of [1, 2, 3, 6] -> 3; 3-D: ones -> 1.
   one_d = np.array([[[1.0], [2.0], [3.0], [6.0]]], np.float32)
-  np.testing.assert_array_equal(GlobalAvgPool(num_spatial_dims=1)(one_d), [[3.0]])
-  y = GlobalAvgPool(num_spatial_dims=3, keepdims=True)(np.ones((2, 3, 4, 5, 6), np.float32))
-  np.testing.assert_array_equal(y, np.ones((2, 1, 1, 1, 6)))
+  # One compiled program (called eagerly, each call compiled its layout steps one by one:
+  # 12 programs; test_globalavgpool_seed000_bit_exact calls the module eagerly).
+  y, kept, kept_batched, y1, y3 = jax.jit(lambda x, one_d, ones: (
+      GlobalAvgPool()(x), GlobalAvgPool(keepdims=True)(x), GlobalAvgPool(keepdims=True)(x[None]),
+      GlobalAvgPool(num_spatial_dims=1)(one_d),
+      GlobalAvgPool(num_spatial_dims=3, keepdims=True)(ones)))(
+          x, one_d, np.ones((2, 3, 4, 5, 6), np.float32))
+  np.testing.assert_array_equal(y, [5.0, 6.0])
+  np.testing.assert_array_equal(kept, [[[5.0, 6.0]]])
+  assert kept_batched.shape == (1, 1, 1, 2)
+  np.testing.assert_array_equal(y1, [[3.0]])
+  np.testing.assert_array_equal(y3, np.ones((2, 1, 1, 1, 6)))
 
 
 def test_globalmaxpool_values_nan_and_integers():
   # Hand computation: per-channel maxima of a 2x2 map; NaN propagates; int32 kept.
   x = np.array([[[3.0, 0.0], [1.0, 5.0]], [[2.0, 7.0], [4.0, 1.0]]], np.float32)
-  np.testing.assert_array_equal(GlobalMaxPool()(x), [4.0, 7.0])
   x_nan = x.copy()  # NumPy inputs: jnp ones and x.at[].set compile
   x_nan[1, 0, 1] = np.nan
-  np.testing.assert_array_equal(GlobalMaxPool()(x_nan), [4.0, np.nan])
-  y = GlobalMaxPool()(np.array([[[3], [9]], [[-2], [4]]], np.int32))
+  # One compiled program (eager calls compiled their layout steps one by one).
+  y_float, y_nan, y = jax.jit(lambda a, b, c: [GlobalMaxPool()(v) for v in (a, b, c)])(
+      x, x_nan, np.array([[[3], [9]], [[-2], [4]]], np.int32))
+  np.testing.assert_array_equal(y_float, [4.0, 7.0])
+  np.testing.assert_array_equal(y_nan, [4.0, np.nan])
   np.testing.assert_array_equal(y, [9])
   assert y.dtype == jnp.int32
 

@@ -129,8 +129,11 @@ def test_integer_inputs_are_pooled_exactly():
 # ----------------------------------------------------------------------------
 
 
+# SAME at stride 1 (3x3) took paths kept here again: its reflected padding is written out by
+# hand in test_same_padding_reflects_by_hand (values); the values and gradients of a
+# reflected SAME padding, here at strides (2, 3), where the padding is (2, 2) and (0, 1).
+# Without it, 0.43 s less compile CPU (compile census).
 _CASES = [  # kernel, stride, padding as F.pad's (l, r, t, b), same
-    ((3, 3), (1, 1), (0, 0, 0, 0), True),
     ((2, 4), (2, 1), (1, 2, 0, 1), False),
     ((5, 3), (2, 3), (0, 0, 0, 0), True),
 ]
@@ -197,7 +200,7 @@ def test_batch_axes_vmap_forward_mode_and_bfloat16():
     return (pool(x), pool(x.reshape(6, 6, 5, 4)), jax.vmap(pool)(x[0]),
             jax.jvp(pool, (x[0],), (t,))[1], pool(xb))
 
-  several, flat, mapped, tangent, got = run(x, t)
+  several, flat, mapped, tangent, got = jax.device_get(run(x, t))  # NumPy: slices compile
   np.testing.assert_array_equal(several, flat.reshape(2, 3, 6, 5, 4))
   np.testing.assert_array_equal(mapped, several[0])  # unbatched under vmap
   # Forward mode: each output's tangent is the tangent of its median cell, which the
