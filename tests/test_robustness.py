@@ -277,7 +277,14 @@ def unpool_configs(draw):
               seed=draw(st.integers(0, 2**32 - 1)))
 
 
-@settings(max_examples=12, **_SETTINGS)
+# 9 examples (12 before): they draw every value that the 12 drew of rank, dtype, batched or
+# not, padding, overlapping windows, strides past the window, one-tap windows, channels, an
+# output_size or the default, and the mirror's refusal (the eager ValueError), and every
+# pairing of rank, dtype, batched, padding, overlap, output_size and refusal that the 12 drew;
+# 6 to 8 examples missed some (listed with a plugin that records each example's MaxUnpool
+# call, hypothesis derandomized). 12 examples took 1.63 s of compile CPU (pytest
+# tests/test_robustness.py with a per-test census, 2 cores).
+@settings(max_examples=9, **_SETTINGS)
 @given(cfg=unpool_configs(), dtype=st.sampled_from(["float32", "int32", "bfloat16"]))
 def test_max_unpool_matches_mirror(cfg, dtype):
   shape = (cfg["batch"] or 1, *cfg["spatial"], cfg["channels"])
