@@ -192,7 +192,14 @@ def _adaptive_input(cfg, dtype="float32", specials=True):
   return _values(shape, cfg["seed"], dtype=dtype, specials=specials)
 
 
-@settings(max_examples=15, **_SETTINGS)
+# 10 examples (15 before): they draw every value that the 15 drew of rank, output_size spelt
+# as one int or a tuple, None entries, bins wider and narrower than a cell, overlapping and
+# tiling bins, batch None, 1 or 2, channels, dtype, NaN and infinities, and every pairing of
+# rank, spelling, None, upsampling, overlap, batch, dtype and NaN that the 15 drew; 8 missed
+# tiling bins (listed with a plugin that records each example's _adaptive_input). (The avg
+# test's 10 and 12 examples missed NaN inputs: it keeps 15.) 15 took 0.73 s of compile CPU,
+# 13 programs (per-test census, pytest tests/test_robustness.py, 2 cores).
+@settings(max_examples=10, **_SETTINGS)
 @given(cfg=adaptive_configs(), dtype=st.sampled_from(["float32", "int32"]))
 def test_adaptive_max_pool_matches_mirror(cfg, dtype):
   x = _adaptive_input(cfg, dtype)
