@@ -223,7 +223,11 @@ def test_adaptive_avg_pool_matches_mirror(cfg):
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
 
-@settings(max_examples=15, **_SETTINGS)
+# 12 examples (15 before): they draw every value that the 15 drew of rank, batch, channels,
+# dtype, keepdims, NaN, infinities and one-cell maps, and every pairing of rank, batch, dtype,
+# keepdims and NaN that the 15 drew; 8 and 10 missed NaN inputs (listed with a plugin that
+# records each example's _adaptive_input and GlobalMaxPool arguments).
+@settings(max_examples=12, **_SETTINGS)
 @given(cfg=adaptive_configs(), keepdims=st.booleans(), dtype=st.sampled_from(["float32", "int8"]))
 def test_global_pools_match_mirror(cfg, keepdims, dtype):
   nd = len(cfg["spatial"])
