@@ -203,9 +203,10 @@ def test_a_long_filter_pads_once_and_its_gradient_is_the_transpose():
   rng = np.random.default_rng(9)
   x, t = (rng.standard_normal((1, 12, 11, 2)).astype(np.float32) for _ in range(2))
   pool = BlurPool(9, (2, 3), pad_mode="replicate")
-  g = rng.standard_normal(pool(x).shape).astype(np.float32)
-  (_, y), grad = jax.jit(lambda x: jax.value_and_grad(
-      lambda v: (jnp.sum(pool(v) * g), pool(v)), has_aux=True)(x))(x)
+  # The output's shape traced only (an eager call compiled the blur for it).
+  g = rng.standard_normal(jax.eval_shape(pool, x).shape).astype(np.float32)
+  (_, y), grad = jax.device_get(jax.jit(lambda x: jax.value_and_grad(
+      lambda v: (jnp.sum(pool(v) * g), pool(v)), has_aux=True)(x))(x))  # NumPy out
   want = reference.blur_pool(x.astype(np.float64), (9, 9), (2, 3), "replicate")
   np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
   blurred_t = reference.blur_pool(t.astype(np.float64), (9, 9), (2, 3), "replicate")
@@ -230,7 +231,8 @@ def test_batch_axes_vmap_and_forward_mode():
     grad = jax.grad(lambda v: jnp.sum(pool(v) * g))(x[0])
     return pool(x), pool(x.reshape(6, 7, 6, 4)), jax.vmap(pool)(x[0]), tangent, pool(t), grad
 
-  several, flat, mapped, tangent, blurred_t, grad = run(x, t, g)
+  # NumPy out: indexing and arithmetic on jax.Arrays compile a program each.
+  several, flat, mapped, tangent, blurred_t, grad = jax.device_get(run(x, t, g))
   np.testing.assert_array_equal(several, flat.reshape(2, 3, 4, 3, 4))
   np.testing.assert_array_equal(mapped, several[0])  # unbatched under vmap
   # The blur is linear: the forward-mode tangent is the blur of the tangent, and the
@@ -243,7 +245,9 @@ def test_batch_axes_vmap_and_forward_mode():
 def half_blurred():
   """BlurPool(5, 2) of each half input and of its float32 copy, all in one jitted program."""
   x = np.random.default_rng(1).standard_normal((2, 8, 8, 3))
-  halves = {name: jnp.asarray(x, name) for name in ("bfloat16", "float16")}
+  # Cast by NumPy (as jnp.asarray(x, name) would, through float32): no conversion compiled.
+  halves = {name: x.astype(np.float32).astype(jnp.dtype(name)) for name in ("bfloat16",
+                                                                             "float16")}
   pool = BlurPool(5, 2)
   return jax.jit(lambda hs: {d: (pool(h), pool(h.astype(jnp.float32))) for d, h in hs.items()})(
       halves)

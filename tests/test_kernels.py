@@ -408,8 +408,8 @@ def test_select_jvp_and_min_grad(case):
 
 def test_select_second_derivative_is_zero():
   geom = _geom("9x9-overlap-pad")
-  x = jnp.asarray(_inputs(CASES["9x9-overlap-pad"][-1], seed=8)["normal"])
-  v = jnp.ones_like(x)
+  x = _inputs(CASES["9x9-overlap-pad"][-1], seed=8)["normal"]
+  v = np.ones_like(x)  # NumPy: jnp.ones_like compiles a broadcast
   hvp = jax.jit(lambda x, v: jax.jvp(jax.grad(lambda x: select(x, geom, "max")[0].sum()), (x,),
                                       (v,))[1])(x, v)
   np.testing.assert_array_equal(np.asarray(hvp), 0.0)
@@ -494,19 +494,22 @@ def test_window_sum_matches_the_numpy_sums(case):
 
 def test_modules_match_reference_on_large_windows():
   x = _inputs((1, 20, 19, 3), seed=12)["special"]
-  values, indices = MaxPool((9, 9), strides=(2, 3), padding=((4, 4), (1, 3)), ceil_mode=True,
-                            return_indices=True)(jnp.asarray(x))
+  y = _inputs((1, 20, 19, 3), seed=13)["normal"]
+  averages = [AvgPool((9, 9), strides=2, padding=((4, 4), (1, 3)), ceil_mode=True,
+                      count_include_pad=count_include_pad) for count_include_pad in (True, False)]
+  # The three modules in one program (called one by one, each compiled on its own: eager
+  # equals jit is test_pool.py's test_pool_eager_equals_jit).
+  (values, indices), means = jax.device_get(jax.jit(lambda x, y: (
+      MaxPool((9, 9), strides=(2, 3), padding=((4, 4), (1, 3)), ceil_mode=True,
+              return_indices=True)(x), [avg(y) for avg in averages]))(x, y))
   want_values, want_indices = reference.max_pool(x, (9, 9), (2, 3), ((4, 4), (1, 3)),
                                                  ceil_mode=True)
-  np.testing.assert_array_equal(np.asarray(values), want_values)
-  np.testing.assert_array_equal(np.asarray(indices), want_indices)
-  x = _inputs((1, 20, 19, 3), seed=13)["normal"]
-  for count_include_pad in (True, False):
-    got = AvgPool((9, 9), strides=2, padding=((4, 4), (1, 3)), ceil_mode=True,
-                  count_include_pad=count_include_pad)(jnp.asarray(x))
-    want = reference.avg_pool(x, (9, 9), (2, 2), ((4, 4), (1, 3)), ceil_mode=True,
-                              count_include_pad=count_include_pad)
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(values, want_values)
+  np.testing.assert_array_equal(indices, want_indices)
+  for avg, got in zip(averages, means, strict=True):
+    want = reference.avg_pool(y, (9, 9), (2, 2), ((4, 4), (1, 3)), ceil_mode=True,
+                              count_include_pad=avg.count_include_pad)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def _count_equations(jaxpr) -> int:

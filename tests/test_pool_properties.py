@@ -54,6 +54,24 @@ _PACKAGE = Path(nnx_pool.__file__).parent
 # and with dilation, strides past the window, unbatched, int and tuple strides) and an int
 # window besides; 5, 6 and 7 examples missed VALID or 2-D (listed with a script that
 # records those features of each valid example, hypothesis 6.170.17, derandomize=True).
+# Then max/min 40 -> 30, their gradient 15 -> 11, avg 25 -> 18, lp 25 -> 15 and separable
+# avg/lp 15 -> 12: each count's derandomized examples draw every value that the longer run
+# drew of those features, of the spellings (int window, strides None, int or tuple, padding
+# as a string in either case, an int, ints or pairs), of strides past the window, overlap,
+# one-tap windows and return_indices, and of the separable long axis's position per kind
+# and rank; and every pairing of two of them that the longer run drew, but these (each
+# shown elsewhere): max/min values of ceil mode in float32 (test_pool_torch.py's max sweep)
+# and of a batched 1-D input (test_pool.py's 1-D vectors); the gradient with asymmetric
+# pads or padding without ceil mode (test_pool.py::test_maxpool_gradient_matches_mirror's
+# 2x3 case); avg of SAME or count_include_pad unbatched (test_pool.py's
+# test_pool_unbatched_equals_batched: AvgPool((2, 2), 1, 1), a layout step before any
+# padding rule); lp without ceil mode batched or of norm 2.5 outside ceil mode, batched or
+# 1-D (the 20 and 18 examples missed them too; test_pool.py::test_lppool_vectors and
+# test_pool_torch.py's lp sweep). Fewer missed more (listed with a plugin that records each
+# valid example's configuration from _input and _jit_apply: 8-10 gradient examples missed
+# 3-D explicit padding or min on VALID, 25 max/min SAME in 1-D, 15 avg "SAME" spelt in upper
+# case, 10 separable avg/lp avg's 3-D long axis first). Their programs took 5.1 s of compile
+# CPU, now 3.41 s (5.43 s before; per-test census, pytest tests/test_pool_properties.py, 2 cores).
 
 # The sweeps draw random channels-last shapes; some look channels-first, by design.
 pytestmark = pytest.mark.filterwarnings("ignore::nnx_pool.ChannelsFirstWarning")
@@ -333,7 +351,7 @@ def _mirror_select(cfg: Config, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 ceil_mode=cfg.ceil_mode)
 
 
-@settings(max_examples=40, **_SETTINGS)
+@settings(max_examples=30, **_SETTINGS)
 @given(cfg=st.one_of(configs("max"), configs("min")), return_indices=st.booleans())
 def test_maxpool_minpool_match_mirror(cfg, return_indices):
   out_shape = _predicted_out_shape(cfg)
@@ -350,7 +368,7 @@ def test_maxpool_minpool_match_mirror(cfg, return_indices):
     np.testing.assert_array_equal(indices, want_indices)
 
 
-@settings(max_examples=15, **_SETTINGS)
+@settings(max_examples=11, **_SETTINGS)
 @given(cfg=st.one_of(configs("max"), configs("min")))
 def test_maxpool_minpool_gradient_matches_mirror(cfg):
   cfg = dataclasses.replace(cfg, dtype="float32")
@@ -375,7 +393,7 @@ def test_maxpool_minpool_gradient_matches_mirror(cfg):
   np.testing.assert_array_equal(grad, want)
 
 
-@settings(max_examples=25, **_SETTINGS)
+@settings(max_examples=18, **_SETTINGS)
 @given(cfg=configs("avg"))
 def test_avgpool_matches_mirror(cfg):
   out_shape = _predicted_out_shape(cfg)
@@ -394,7 +412,7 @@ def test_avgpool_matches_mirror(cfg):
   np.testing.assert_allclose(got, want, **_AVG_TOL)
 
 
-@settings(max_examples=25, **_SETTINGS)
+@settings(max_examples=15, **_SETTINGS)
 @given(cfg=configs("lp"))
 def test_lppool_matches_mirror(cfg):
   out_shape = _predicted_out_shape(cfg)
@@ -436,7 +454,7 @@ def test_separable_maxpool_minpool_match_mirror(cfg):
 
 
 @pytest.mark.slow
-@settings(max_examples=15, **_SETTINGS)
+@settings(max_examples=12, **_SETTINGS)
 @given(cfg=st.one_of(configs("avg", separable=True), configs("lp", separable=True)))
 def test_separable_avgpool_lppool_match_mirror(cfg):
   out_shape = _predicted_out_shape(cfg)

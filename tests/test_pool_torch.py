@@ -34,7 +34,6 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -591,12 +590,14 @@ def test_maxpool_nan_last_in_window_wins_like_torch():
   x = [1.0, np.nan, 3.0, np.nan, 2.0, 5.0]
   # PyTorch 2.13: every window holding a NaN gives NaN, at that NaN's index.
   t_values, t_indices = _torch_max_1d(x, 3, 1, 0)
-  values, indices = MaxPool((3,), 1, return_indices=True)(jnp.array(x)[:, None])
+  # NumPy in and out: jnp.array of a list and indexing a jax.Array compile a program each.
+  x = np.array(x, np.float32)[:, None]
+  values, indices = jax.device_get(MaxPool((3,), 1, return_indices=True)(x))
   np.testing.assert_array_equal(values[:, 0], t_values)
   np.testing.assert_array_equal(indices[:, 0], t_indices)
   # Two NaNs in one window: the later one is reported (val > max || isnan(val)).
-  t_values, t_indices = _torch_max_1d(x, 4, 2, 0)
-  values, indices = MaxPool((4,), 2, return_indices=True)(jnp.array(x)[:, None])
+  t_values, t_indices = _torch_max_1d(x[:, 0].tolist(), 4, 2, 0)
+  values, indices = jax.device_get(MaxPool((4,), 2, return_indices=True)(x))
   np.testing.assert_array_equal(indices[:, 0], t_indices)
   assert int(indices[0, 0]) == 3
 
@@ -605,7 +606,8 @@ def test_maxpool_all_neg_inf_window_points_at_first_real_cell_like_torch():
   x = [-np.inf, -np.inf, -np.inf, 1.0]
   # PyTorch 2.13: window [pad, -inf, -inf] gives -inf at index 0, never the padding.
   t_values, t_indices = _torch_max_1d(x, 3, 1, 1, ceil_mode=True)
-  values, indices = MaxPool((3,), 1, 1, ceil_mode=True, return_indices=True)(jnp.array(x)[:, None])
+  values, indices = jax.device_get(MaxPool((3,), 1, 1, ceil_mode=True, return_indices=True)(
+      np.array(x, np.float32)[:, None]))
   np.testing.assert_array_equal(values[:, 0], t_values)
   np.testing.assert_array_equal(indices[:, 0], t_indices)
   assert int(indices[0, 0]) == 0
@@ -615,7 +617,7 @@ def test_minpool_first_minimum_wins_ties_like_torch():
   x = np.array([[2.0, 1.0, 1.0], [1.0, 3.0, 1.0], [0.0, 0.0, 4.0]], np.float32)
   # PyTorch 2.13: -max_pool2d(-x), k2 s1: the first minimum in row-major order wins.
   t_values, t_indices = F.max_pool2d(-torch.from_numpy(x)[None], 2, 1, return_indices=True)
-  values, indices = MinPool((2, 2), 1, return_indices=True)(x[:, :, None])
+  values, indices = jax.device_get(MinPool((2, 2), 1, return_indices=True)(x[:, :, None]))
   np.testing.assert_array_equal(values[..., 0], -t_values[0].numpy())
   np.testing.assert_array_equal(indices[..., 0], t_indices[0].numpy())
   np.testing.assert_array_equal(indices[..., 0], [[1, 1], [6, 7]])
@@ -629,7 +631,7 @@ def test_maxpool_3d_all_neg_inf_window_index_like_torch_contiguous():
   t_values, t_indices = F.max_pool3d(
       torch.from_numpy(x).movedim(-1, 1).contiguous(), 1, 1, return_indices=True
   )
-  values, indices = MaxPool((1, 1, 1), 1, return_indices=True)(x)
+  values, indices = jax.device_get(MaxPool((1, 1, 1), 1, return_indices=True)(x))
   np.testing.assert_array_equal(values, t_values.movedim(1, -1).numpy())
   np.testing.assert_array_equal(indices, t_indices.movedim(1, -1).numpy())
   np.testing.assert_array_equal(indices[0, :, 0, 0, 0], [0, 4, 8])
@@ -640,7 +642,7 @@ def test_maxpool_refuses_window_of_padding_only():
   # window has taps at -1 and 2, both padding: it returns -inf at index 2 (past the input)
   # and its backward then writes out of bounds. Ours refuses the configuration.
   with pytest.raises(ValueError, match="covers only padding"):
-    MaxPool((2,), 2, 1, dilation=3)(jnp.zeros((2, 1)))
+    MaxPool((2,), 2, 1, dilation=3)(np.zeros((2, 1), np.float32))
 
 
 _PAST_INPUT_CASES = {
@@ -664,4 +666,5 @@ def test_pool_ceil_mode_window_past_padded_input_like_torch(name):
   # E.g. avg_pool1d([1, 2], k3, s2, ceil) = [1.5] and max_pool1d gives [2] at index 1.
   module, x, torch_fn = _PAST_INPUT_CASES[name]
   expected = torch_fn(torch.tensor([[x]]))[0, 0].numpy()
-  np.testing.assert_allclose(module(jnp.array(x)[:, None])[:, 0], expected, **_TOL)
+  got = np.asarray(module(np.array(x, np.float32)[:, None]))  # NumPy in and out
+  np.testing.assert_allclose(got[:, 0], expected, **_TOL)
