@@ -79,19 +79,6 @@ def python(wheel, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(python, project) -> tuple[Path, Path]:
-  """Where the fresh venv imports nnx_pool from, and the shipped baseline it would record to.
-
-  One interpreter answers both (each `python -c` start is one more interpreter).
-  """
-  done = _run(python, "-c", "import nnx_pool; from nnx_pool.regression import stamp; "
-              "print(nnx_pool.__file__); print(stamp.SHIPPED)", cwd=project)
-  assert done.returncode == 0, done.stderr
-  package, shipped = done.stdout.splitlines()
-  return Path(package), Path(shipped)
-
-
-@pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
   root = tmp_path_factory.mktemp("user_project")
   (root / "regression").mkdir()
@@ -124,12 +111,74 @@ def test_wheel_installs_one_top_level_package_with_the_baseline(wheel):
 # plugin still loads through its entry point.
 _NOT_THE_USERS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 
+# One interpreter of the fresh venv, in the user's project, holds the first pytest session
+# (as `python -m pytest` there: the plugin loads through its entry point), then runs the
+# kit's `python -m nnx_pool.regression` three times as `-m` runs it (runpy.run_module with
+# alter_sys=True: the package's own __main__, from the wheel): record without --out, info,
+# check. Each start of an interpreter that imports JAX costs 1.3-1.7 s of CPU: with separate
+# starts of these five (pytest, a where-is-it query, info, record, check) the file took 12.4 s
+# of CPU (user + sys), with one 7.8 s (`/usr/bin/time` around `pytest tests/test_install.py`,
+# 2 cores, twice each, 2026-12-07). The kit running after the user's tests imported their own
+# `regression` also shows that neither shadows the other. The second pytest session stays a
+# `python -m pytest` of its own: it reads from disk, in a fresh process, the baseline this one
+# wrote.
+_FIRST_RUN = """\
+import contextlib, hashlib, io, json, runpy, sys
+from pathlib import Path
 
-def test_pytest_in_a_project_with_its_own_regression_package(python, project):
-  first = _run(python, "-m", "pytest", *_NOT_THE_USERS, cwd=project)
-  output = first.stdout + first.stderr
-  assert "Error while loading plugin" not in output
-  assert first.returncode == 1, output
+import pytest
+
+report, options = sys.argv[1], sys.argv[2:]
+print("pytest exit", int(pytest.main(options)), flush=True)
+import nnx_pool
+from nnx_pool.regression import stamp
+
+
+def files(directory):
+  return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+
+
+def kit(*argv):
+  out, err = io.StringIO(), io.StringIO()
+  sys.argv = ["nnx_pool.regression", *argv]
+  code = "did not exit"  # __main__ ends with sys.exit
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      runpy.run_module("nnx_pool.regression", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+      code = e.code
+  return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+shipped = Path(stamp.SHIPPED)
+found = {"package": nnx_pool.__file__, "shipped": str(shipped), "before": files(shipped)}
+found["record"] = kit("record")
+found["after"] = files(shipped)
+found["info"] = kit("info")
+found["check"] = kit("check", "-k", "avg_k2_one", "--json", report)
+print(%r + json.dumps(found))
+"""
+_KIT = "----- the kit: "
+
+
+@pytest.fixture(scope="module")
+def first_run(python, project, tmp_path_factory) -> tuple[str, str, dict]:
+  """The first pytest session's output, the interpreter's stderr, and what the kit did after
+  it in the same interpreter (package, shipped, before, record, after, info, check), with
+  the check's --json report."""
+  report = tmp_path_factory.mktemp("report") / "r.json"
+  done = _run(python, "-c", _FIRST_RUN % _KIT, str(report), *_NOT_THE_USERS, cwd=project)
+  ran_pytest, _, kit = done.stdout.partition(_KIT)
+  assert kit, done.stdout + done.stderr
+  found = json.loads(kit)
+  found["report"] = json.loads(report.read_text()) if report.is_file() else None
+  return ran_pytest, done.stderr, found
+
+
+def test_pytest_in_a_project_with_its_own_regression_package(python, project, first_run):
+  output, stderr, _ = first_run
+  assert "Error while loading plugin" not in output + stderr
+  assert output.splitlines()[-1] == "pytest exit 1", output + stderr
   assert "1 failed, 1 passed" in output
   assert "nnx_regression: no baseline for 'double'; wrote one to" in output
   second = _run(python, "-m", "pytest", *_NOT_THE_USERS, cwd=project)
@@ -142,33 +191,32 @@ def test_python_dash_m_regression_runs_the_users_package(python, project):
   assert (done.returncode, done.stdout) == (0, f"{MARKER}\n")
 
 
-def test_the_kit_runs_from_the_wheel(python, project, installed):
-  info = _run(python, "-m", "nnx_pool.regression", "info", cwd=project)
-  assert info.returncode == 0, info.stderr
-  assert f"  jax{' ' * 28}{jax.__version__}" in info.stdout
-  package, _ = installed
+def test_the_kit_runs_from_the_wheel(first_run):
+  _, _, found = first_run
+  info = found["info"]
+  assert info["code"] == 0, info
+  assert f"  jax{' ' * 28}{jax.__version__}" in info["stdout"]
+  package = Path(found["package"])
   assert package.name == "__init__.py" and not package.is_relative_to(ROOT)
 
 
-def test_record_without_out_refuses_to_write_into_the_installed_package(
-    python, project, installed):
-  _, shipped = installed
-  assert (shipped / "manifest.json").is_file()
-  before = {p.name: p.read_bytes() for p in shipped.iterdir()}
-  done = _run(python, "-m", "nnx_pool.regression", "record", cwd=project)
-  assert done.returncode == 2
-  (line,) = done.stderr.splitlines()
+def test_record_without_out_refuses_to_write_into_the_installed_package(first_run):
+  _, _, found = first_run
+  assert "manifest.json" in found["before"]
+  assert Path(found["shipped"]).parent.parent == Path(found["package"]).parent
+  done = found["record"]
+  assert done["code"] == 2, done
+  (line,) = done["stderr"].splitlines()
   assert line.startswith("error: record: no --out given") and "pass --out DIR" in line
-  assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
+  assert found["after"] == found["before"]
 
 
-def test_check_from_the_wheel_shows_an_unknown_git_revision(python, project, tmp_path):
-  report = tmp_path / "r.json"
-  done = _run(python, "-m", "nnx_pool.regression", "check", "-k", "avg_k2_one",
-              "--json", str(report), cwd=project)
-  assert done.returncode == 0, done.stdout + done.stderr
-  header = done.stdout.splitlines()[0]
+def test_check_from_the_wheel_shows_an_unknown_git_revision(first_run):
+  _, _, found = first_run
+  done = found["check"]
+  assert done["code"] == 0, done
+  header = done["stdout"].splitlines()[0]
   assert header.startswith("this run: python ") and header.endswith(", git unknown")
-  changes = json.loads(report.read_text())["stamp_changes"]
+  changes = found["report"]["stamp_changes"]
   assert not [c for c in changes if c.startswith("git")], changes
-  assert "1 cases: 1 pass" in done.stdout
+  assert "1 cases: 1 pass" in done["stdout"]
