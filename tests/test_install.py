@@ -117,27 +117,25 @@ def test_wheel_installs_one_top_level_package_with_the_baseline(wheel):
 # plugin still loads through its entry point.
 _NOT_THE_USERS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 
-# One interpreter of the fresh venv, in the user's project, holds the first pytest session
-# (as `python -m pytest` there: the plugin loads through its entry point), then runs the
-# kit's `python -m nnx_pool.regression` three times as `-m` runs it (runpy.run_module with
-# alter_sys=True: the package's own __main__, from the wheel): record without --out, info,
-# check. Each start of an interpreter that imports JAX costs 1.3-1.7 s of CPU: with separate
-# starts of these five (pytest, a where-is-it query, info, record, check) the file took 12.4 s
-# of CPU (user + sys), with one 7.8 s (`/usr/bin/time` around `pytest tests/test_install.py`,
-# 2 cores, twice each, 2026-12-07). The kit running after the user's tests imported their own
-# `regression` also shows that neither shadows the other. The second pytest session stays a
-# `python -m pytest` of its own: it reads from disk, in a fresh process, the baseline this one
-# wrote.
+# One interpreter of the fresh venv, in the user's project, first runs the kit's
+# `python -m nnx_pool.regression` three times as `-m` runs it (runpy.run_module with
+# alter_sys=True: the package's own __main__, from the wheel), before anything of nnx_pool is
+# imported, as in an interpreter of its own: record without --out, info, check; then the first
+# pytest session there (as `python -m pytest`: the plugin loads through its entry point), whose
+# user test imports their own `regression` after the kit ran (neither shadows the other). Each
+# start of an interpreter that imports JAX costs 1.3-1.7 s of CPU: with separate starts of these
+# five (pytest, a where-is-it query, info, record, check) the file took 12.4 s of CPU (user +
+# sys), with one 7.8 s (`/usr/bin/time` around `pytest tests/test_install.py`, 2 cores, twice
+# each, 2026-12-07). The second pytest session stays a `python -m pytest` of its own: in a fresh
+# process, the plugin loads and reads from disk the baseline the first one wrote.
 _FIRST_RUN = """\
-import contextlib, hashlib, io, json, runpy, sys
+import contextlib, hashlib, importlib.util, io, json, runpy, sys
 from pathlib import Path
 
-import pytest
-
 report, options = sys.argv[1], sys.argv[2:]
-print("pytest exit", int(pytest.main(options)), flush=True)
-import nnx_pool
-from nnx_pool.regression import stamp
+# Where the wheel put the package, found without importing it.
+package = Path(importlib.util.find_spec("nnx_pool").origin)
+shipped = package.parent / "regression" / "baseline"
 
 
 def files(directory):
@@ -156,12 +154,18 @@ def kit(*argv):
   return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
 
-shipped = Path(stamp.SHIPPED)
-found = {"package": nnx_pool.__file__, "shipped": str(shipped), "before": files(shipped)}
+found = {"before": files(shipped)}
 found["record"] = kit("record")
 found["after"] = files(shipped)
 found["info"] = kit("info")
 found["check"] = kit("check", "-k", "avg_k2_one", "--json", report)
+import nnx_pool
+from nnx_pool.regression import stamp
+
+found.update(package=nnx_pool.__file__, shipped=str(stamp.SHIPPED), looked_in=str(shipped))
+import pytest
+
+print("pytest exit", int(pytest.main(options)), flush=True)
 print(%r + json.dumps(found))
 """
 _KIT = "----- the kit: "
@@ -169,9 +173,9 @@ _KIT = "----- the kit: "
 
 @pytest.fixture(scope="module")
 def first_run(python, project, tmp_path_factory) -> tuple[str, str, dict]:
-  """The first pytest session's output, the interpreter's stderr, and what the kit did after
-  it in the same interpreter (package, shipped, before, record, after, info, check), with
-  the check's --json report."""
+  """The first pytest session's output, the interpreter's stderr, and what the kit did before
+  it in the same interpreter (before, record, after, info, check, package, shipped,
+  looked_in), with the check's --json report."""
   report = tmp_path_factory.mktemp("report") / "r.json"
   done = _run(python, "-c", _FIRST_RUN % _KIT, str(report), *_NOT_THE_USERS, cwd=project)
   ran_pytest, _, kit = done.stdout.partition(_KIT)
@@ -208,8 +212,8 @@ def test_the_kit_runs_from_the_wheel(first_run):
 
 def test_record_without_out_refuses_to_write_into_the_installed_package(first_run):
   _, _, found = first_run
+  assert Path(found["shipped"]) == Path(found["looked_in"])  # the directory snapshotted
   assert "manifest.json" in found["before"]
-  assert Path(found["shipped"]).parent.parent == Path(found["package"]).parent
   done = found["record"]
   assert done["code"] == 2, done
   (line,) = done["stderr"].splitlines()
