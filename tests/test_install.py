@@ -47,10 +47,16 @@ def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+  # pyproject.toml's build backend, called as `pip wheel --no-build-isolation` calls it (with
+  # this venv's setuptools), without pip around it: 0.26 s of CPU instead of 0.79 s
+  # (`/usr/bin/time`, 2 cores).
   out = tmp_path_factory.mktemp("wheel")
-  done = _run(Path(sys.executable), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-              "--quiet", "-w", str(out), str(ROOT), cwd=out)
-  assert done.returncode == 0, done.stderr
+  build = ("import importlib, sys, tomllib\n"
+           "with open('pyproject.toml', 'rb') as f:\n"
+           "  backend = tomllib.load(f)['build-system']['build-backend']\n"
+           "importlib.import_module(backend).build_wheel(sys.argv[1])\n")
+  done = _run(Path(sys.executable), "-c", build, str(out), cwd=ROOT)
+  assert done.returncode == 0, done.stdout + done.stderr
   (path,) = out.glob("nnx_pool-*.whl")
   return path
 
@@ -76,19 +82,6 @@ def python(wheel, tmp_path_factory) -> Path:
                  cwd=base).stdout.strip()
   (Path(purelib) / "_nnx_pool_test_deps.pth").write_text(f"{deps}\n")
   return python
-
-
-@pytest.fixture(scope="module")
-def installed(python, project) -> tuple[Path, Path]:
-  """Where the fresh venv imports nnx_pool from, and the shipped baseline it would record to.
-
-  One interpreter answers both (each `python -c` start is one more interpreter).
-  """
-  done = _run(python, "-c", "import nnx_pool; from nnx_pool.regression import stamp; "
-              "print(nnx_pool.__file__); print(stamp.SHIPPED)", cwd=project)
-  assert done.returncode == 0, done.stderr
-  package, shipped = done.stdout.splitlines()
-  return Path(package), Path(shipped)
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +117,78 @@ def test_wheel_installs_one_top_level_package_with_the_baseline(wheel):
 # plugin still loads through its entry point.
 _NOT_THE_USERS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 
+# One interpreter of the fresh venv, in the user's project, first runs the kit's
+# `python -m nnx_pool.regression` three times as `-m` runs it (runpy.run_module with
+# alter_sys=True: the package's own __main__, from the wheel), before anything of nnx_pool is
+# imported, as in an interpreter of its own: record without --out, info, check; then the first
+# pytest session there (as `python -m pytest`: the plugin loads through its entry point), whose
+# user test imports their own `regression` after the kit ran (neither shadows the other). Each
+# start of an interpreter that imports JAX costs 1.3-1.7 s of CPU: with separate starts of these
+# five (pytest, a where-is-it query, info, record, check) the file took 12.4 s of CPU (user +
+# sys), with one 7.8 s (`/usr/bin/time` around `pytest tests/test_install.py`, 2 cores, twice
+# each, 2026-12-07). The second pytest session stays a `python -m pytest` of its own: in a fresh
+# process, the plugin loads and reads from disk the baseline the first one wrote.
+_FIRST_RUN = """\
+import contextlib, hashlib, importlib.util, io, json, runpy, sys
+from pathlib import Path
 
-def test_pytest_in_a_project_with_its_own_regression_package(python, project):
-  first = _run(python, "-m", "pytest", *_NOT_THE_USERS, cwd=project)
-  output = first.stdout + first.stderr
-  assert "Error while loading plugin" not in output
-  assert first.returncode == 1, output
+report, options = sys.argv[1], sys.argv[2:]
+# Where the wheel put the package, found without importing it.
+package = Path(importlib.util.find_spec("nnx_pool").origin)
+shipped = package.parent / "regression" / "baseline"
+
+
+def files(directory):
+  return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+
+
+def kit(*argv):
+  out, err = io.StringIO(), io.StringIO()
+  sys.argv = ["nnx_pool.regression", *argv]
+  code = "did not exit"  # __main__ ends with sys.exit
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      runpy.run_module("nnx_pool.regression", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+      code = e.code
+  return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+found = {"before": files(shipped)}
+found["record"] = kit("record")
+found["after"] = files(shipped)
+found["info"] = kit("info")
+found["check"] = kit("check", "-k", "avg_k2_one", "--json", report)
+import nnx_pool
+from nnx_pool.regression import stamp
+
+found.update(package=nnx_pool.__file__, shipped=str(stamp.SHIPPED), looked_in=str(shipped))
+import pytest
+
+print("pytest exit", int(pytest.main(options)), flush=True)
+print(%r + json.dumps(found))
+"""
+_KIT = "----- the kit: "
+
+
+@pytest.fixture(scope="module")
+def first_run(python, project, tmp_path_factory) -> tuple[str, str, dict]:
+  """The first pytest session's output, the interpreter's stderr, and what the kit did before
+  it in the same interpreter (before, record, after, info, check, package, shipped,
+  looked_in), with the check's --json report."""
+  report = tmp_path_factory.mktemp("report") / "r.json"
+  done = _run(python, "-c", _FIRST_RUN % _KIT, str(report), *_NOT_THE_USERS, cwd=project)
+  ran_pytest, _, kit = done.stdout.partition(_KIT)
+  assert kit, done.stdout + done.stderr
+  found = json.loads(kit)
+  found["report"] = json.loads(report.read_text()) if report.is_file() else None
+  return ran_pytest, done.stderr, found
+
+
+def test_pytest_in_a_project_with_its_own_regression_package(python, project, first_run):
+  output, stderr, _ = first_run
+  assert "Error while loading plugin" not in output + stderr
+  assert output.splitlines()[-1] == "pytest exit 1", output + stderr
   assert "1 failed, 1 passed" in output
   assert "nnx_regression: no baseline for 'double'; wrote one to" in output
   second = _run(python, "-m", "pytest", *_NOT_THE_USERS, cwd=project)
@@ -142,33 +201,32 @@ def test_python_dash_m_regression_runs_the_users_package(python, project):
   assert (done.returncode, done.stdout) == (0, f"{MARKER}\n")
 
 
-def test_the_kit_runs_from_the_wheel(python, project, installed):
-  info = _run(python, "-m", "nnx_pool.regression", "info", cwd=project)
-  assert info.returncode == 0, info.stderr
-  assert f"  jax{' ' * 28}{jax.__version__}" in info.stdout
-  package, _ = installed
+def test_the_kit_runs_from_the_wheel(first_run):
+  _, _, found = first_run
+  info = found["info"]
+  assert info["code"] == 0, info
+  assert f"  jax{' ' * 28}{jax.__version__}" in info["stdout"]
+  package = Path(found["package"])
   assert package.name == "__init__.py" and not package.is_relative_to(ROOT)
 
 
-def test_record_without_out_refuses_to_write_into_the_installed_package(
-    python, project, installed):
-  _, shipped = installed
-  assert (shipped / "manifest.json").is_file()
-  before = {p.name: p.read_bytes() for p in shipped.iterdir()}
-  done = _run(python, "-m", "nnx_pool.regression", "record", cwd=project)
-  assert done.returncode == 2
-  (line,) = done.stderr.splitlines()
+def test_record_without_out_refuses_to_write_into_the_installed_package(first_run):
+  _, _, found = first_run
+  assert Path(found["shipped"]) == Path(found["looked_in"])  # the directory snapshotted
+  assert "manifest.json" in found["before"]
+  done = found["record"]
+  assert done["code"] == 2, done
+  (line,) = done["stderr"].splitlines()
   assert line.startswith("error: record: no --out given") and "pass --out DIR" in line
-  assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
+  assert found["after"] == found["before"]
 
 
-def test_check_from_the_wheel_shows_an_unknown_git_revision(python, project, tmp_path):
-  report = tmp_path / "r.json"
-  done = _run(python, "-m", "nnx_pool.regression", "check", "-k", "avg_k2_one",
-              "--json", str(report), cwd=project)
-  assert done.returncode == 0, done.stdout + done.stderr
-  header = done.stdout.splitlines()[0]
+def test_check_from_the_wheel_shows_an_unknown_git_revision(first_run):
+  _, _, found = first_run
+  done = found["check"]
+  assert done["code"] == 0, done
+  header = done["stdout"].splitlines()[0]
   assert header.startswith("this run: python ") and header.endswith(", git unknown")
-  changes = json.loads(report.read_text())["stamp_changes"]
+  changes = found["report"]["stamp_changes"]
   assert not [c for c in changes if c.startswith("git")], changes
-  assert "1 cases: 1 pass" in done.stdout
+  assert "1 cases: 1 pass" in done["stdout"]
