@@ -4,7 +4,8 @@ A pytest plugin for maintainers (not installed with the package). Each process t
 (each pytest-xdist worker) writes one JSON file into ``$NNX_POOL_CENSUS`` (default
 ``build/compile-census``) at its end: the seconds of CPU each program name took to compile
 (``jit_flat``: a fixture check's program; ``jit__truncated_normal``: a Flax initialiser), per
-test file, and jax.monitoring's totals (backend compile, tracing, lowering, cache hits).
+test file, and jax.monitoring's totals (backend compile, tracing, lowering, cache hits),
+tracing and lowering also per test file.
 Then this file, run as a script, adds the workers up::
 
     make test EXTRAS=test,parity PYTEST_ARGS="-p tools.compile_census"
@@ -28,6 +29,9 @@ DEFAULT = "build/compile-census"
 _programs: collections.Counter = collections.Counter()
 _counts: collections.Counter = collections.Counter()
 _events: collections.Counter = collections.Counter()
+_staging: collections.Counter = collections.Counter()  # tracing and lowering, by test file
+_STAGES = ("/jax/core/compile/jaxpr_trace_duration",
+           "/jax/core/compile/jaxpr_to_mlir_module_duration")
 _current = ["(collection)"]
 
 
@@ -39,8 +43,12 @@ def pytest_configure(config) -> None:
   import jax.monitoring
   from jax._src import compiler
 
-  jax.monitoring.register_event_duration_secs_listener(
-      lambda event, seconds, **_: _events.update({event: seconds}))
+  def heard(event, seconds, **_):
+    _events[event] += seconds
+    if event in _STAGES:
+      _staging[_current[0]] += seconds
+
+  jax.monitoring.register_event_duration_secs_listener(heard)
   original = getattr(compiler, "compile_or_get_cached", None)
   if original is None:
     return
@@ -69,18 +77,19 @@ def pytest_sessionfinish(session) -> None:
   out.mkdir(parents=True, exist_ok=True)
   times = os.times()
   (out / f"{os.getpid()}.json").write_text(json.dumps({
-      "cpu_s": times.user + times.system, "events": _events,
+      "cpu_s": times.user + times.system, "events": _events, "staging": _staging,
       "programs": {key: [_counts[key], seconds] for key, seconds in _programs.items()}}))
 
 
 def summary(directory: Path, top: int = 30) -> str:
   """The workers' files added up: totals, then the costliest program names and files."""
   cpu, events = 0.0, collections.Counter()
-  by_name, by_file, seconds, counts = (collections.Counter() for _ in range(4))
+  by_name, by_file, seconds, counts, staging = (collections.Counter() for _ in range(5))
   for path in sorted(directory.glob("*.json")):
     data = json.loads(path.read_text())
     cpu += data["cpu_s"]
     events.update(data["events"])
+    staging.update(data.get("staging", {}))
     for key, (count, spent) in data["programs"].items():
       name, file = key.split("\t")
       by_name[name] += spent
@@ -92,6 +101,8 @@ def summary(directory: Path, top: int = 30) -> str:
   lines += ["compiles (seconds of CPU, count, program, test file):"]
   lines += [f"{spent:8.1f} s  {counts[key]:5d}  {key.replace(chr(9), '  ')}"
             for key, spent in seconds.most_common(top)]
+  lines += ["tracing and lowering by test file:"]
+  lines += [f"{v:8.1f} s  {k}" for k, v in staging.most_common(top)]
   lines += ["by program name:"] + [f"{v:8.1f} s  {k}" for k, v in by_name.most_common(top)]
   lines += ["by test file:"] + [f"{v:8.1f} s  {k}" for k, v in by_file.most_common(top)]
   return "\n".join(lines)
