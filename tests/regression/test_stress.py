@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 import textwrap
 import time
-import traceback
-import warnings
 from pathlib import Path
 
 import jax
@@ -31,6 +30,8 @@ from nnx_pool.regression.store import BaselineError, read_baseline
 from nnx_pool.regression.tolerance import tolerance_for
 
 REPO = Path(nnx_pool.regression.__file__).resolve().parents[1]
+FORKING = Path(__file__).resolve().parents[1] / "_forking.py"
+fork_together = runpy.run_path(str(FORKING))["fork_together"]
 FAST = 3  # timed steady-state calls per case
 
 
@@ -187,57 +188,30 @@ _FORCED_WRITER = _child(0.2, """
 
 
 # The recorders where os.fork exists: one interpreter imports the kit (and so JAX: an import
-# starts no backend and none of JAX's threads), then forks a recorder per tag, released
-# together as _fork_together's children are; each is its own process, initialises JAX itself
-# and records with the real `record` command, its stderr its own. The children's CPU in this
-# test (getrusage(RUSAGE_CHILDREN) around it, 2 cores): two interpreters, each importing the
-# kit (1.7 s), 4.3 s; one forking two, 2.1 s.
+# starts no backend and none of JAX's threads), then forks a recorder per tag (tests/_forking.py);
+# each is its own process, initialises JAX itself and records with the real `record` command,
+# its stderr its own. The children's CPU in this test (getrusage(RUSAGE_CHILDREN) around it,
+# 2 cores): two interpreters, each importing the kit (1.7 s), 4.3 s; one forking two, 2.1 s.
 _FORKED_RECORDERS = textwrap.dedent("""
-    import json, os, sys, time, traceback
+    import json, runpy, sys, time
     from pathlib import Path
 
     from nnx_pool.regression import cli, store
     from nnx_pool.regression.batch import Batch, Case
 
-    out, tags = Path(sys.argv[1]), sys.argv[2:]
+    forking, out, tags = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     real = store.write._write_file
 
     def slow_write(path, data):
       real(path, data)
       time.sleep(0.3)
 
+    def record(out, tag):
+      batch = lambda: Batch([Case("double_" + tag, lambda: (lambda x: 2 * x), input="one")])
+      return cli.main(["record", "--out", str(out)], batch=batch)
+
     store.write._write_file = slow_write
-    go_read, go_write = os.pipe()
-    children = []
-    for tag in tags:
-      err_read, err_write = os.pipe()
-      pid = os.fork()
-      if pid == 0:  # a recorder
-        code = 1
-        try:
-          os.close(go_write)
-          os.close(err_read)
-          os.dup2(err_write, 2)
-          os.read(go_read, 1)  # returns when the parent closes its end: every child at once
-          batch = lambda: Batch([Case("double_" + tag, lambda: (lambda x: 2 * x), input="one")])
-          code = cli.main(["record", "--out", str(out)], batch=batch)
-        except BaseException:
-          traceback.print_exc()
-        finally:
-          sys.stdout.flush()
-          sys.stderr.flush()
-          os._exit(code)
-      os.close(err_write)
-      children.append((pid, err_read))
-    os.close(go_read)
-    os.close(go_write)  # go
-    results = []
-    for pid, err_read in children:
-      with os.fdopen(err_read) as err:
-        stderr = err.read()
-      _, status = os.waitpid(pid, 0)
-      results.append([os.waitstatus_to_exitcode(status), stderr])
-    print(json.dumps(results))
+    print(json.dumps(runpy.run_path(forking)["fork_together"](record, out, tags)))
 """)
 
 
@@ -245,10 +219,11 @@ def _record_together(out: Path, tags: list[str]) -> list:
   """Each tag's recorder, released together; ``[(code, "", stderr)]``."""
   if not hasattr(os, "fork"):
     return _run_together(_RECORDER, out, tags)
-  done = subprocess.run([sys.executable, "-c", _FORKED_RECORDERS, str(out), *tags], cwd=REPO,
-                        env=_env(), capture_output=True, text=True, timeout=120, check=False)
+  done = subprocess.run([sys.executable, "-c", _FORKED_RECORDERS, str(FORKING), str(out), *tags],
+                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120,
+                        check=False)
   assert done.returncode == 0, done.stdout + done.stderr
-  return [(code, "", stderr) for code, stderr in json.loads(done.stdout.splitlines()[-1])]
+  return [tuple(result) for result in json.loads(done.stdout.splitlines()[-1])]
 
 
 def _forced_write(out: Path, tag: str) -> None:
@@ -261,46 +236,6 @@ def _forced_write(out: Path, tag: str) -> None:
 
   store.write._write_file = slow_write
   store.write_baseline(out, {"kind": tag}, {tag: np.full(1000, ord(tag), np.int32)}, force=True)
-
-
-def _fork_together(write, out: Path, tags: list[str]) -> list:
-  """``write(out, tag)`` in a forked child per tag, released together; ``[(code, "", err)]``.
-
-  The store needs no JAX, so a fork (milliseconds) stands for a fresh interpreter (0.6 s of
-  CPU each importing the store; 2.8 s of test time for three, measured in `make test`): each
-  child is its own process, opening its own lock file description as another writer would.
-  A child touches no JAX (it runs threads that a fork does not carry over) and leaves with
-  ``os._exit``, running none of this session's teardown."""
-  go_read, go_write = os.pipe()
-  children = []
-  for tag in tags:
-    err_read, err_write = os.pipe()
-    with warnings.catch_warnings():  # JAX's at-fork warning: the children never use JAX
-      warnings.simplefilter("ignore", RuntimeWarning)
-      pid = os.fork()
-    if pid == 0:  # the child
-      code = 1
-      try:
-        os.close(go_write)
-        os.close(err_read)
-        os.read(go_read, 1)  # returns when the parent closes its end: every child at once
-        write(out, tag)
-        code = 0
-      except BaseException:  # noqa: BLE001 - reported to the parent, as a child's stderr
-        os.write(err_write, traceback.format_exc().encode())
-      finally:
-        os._exit(code)
-    os.close(err_write)
-    children.append((pid, err_read))
-  os.close(go_read)
-  os.close(go_write)  # go
-  results = []
-  for pid, err_read in children:
-    with os.fdopen(err_read) as err:
-      stderr = err.read()
-    _, status = os.waitpid(pid, 0)
-    results.append((os.waitstatus_to_exitcode(status), "", stderr))
-  return results
 
 
 def _run_together(script: str, out: Path, tags: list[str]) -> list:
@@ -339,7 +274,7 @@ def test_regression_concurrent_forced_writes_leave_one_whole_baseline(baseline, 
   # Three writers: while one holds the lock, two wait for it and contend when it is released.
   # (Each is an interpreter importing the store, 0.6 s of CPU; a fourth proved nothing more.)
   tags = ["a", "b", "c"]
-  results = (_fork_together(_forced_write, baseline, tags) if hasattr(os, "fork") else
+  results = (fork_together(_forced_write, baseline, tags) if hasattr(os, "fork") else
              _run_together(_FORCED_WRITER, baseline, tags))
   assert [code for code, _, _ in results] == [0, 0, 0], results
   # One writer's baseline, complete and consistent (digests and checksum verified).
