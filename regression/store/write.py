@@ -101,8 +101,8 @@ def inside_baseline_problem(flag: str, given: str | os.PathLike) -> str | None:
 
 def _durable() -> bool:
   """Whether writes are fsynced: unless ``NNX_POOL_FSYNC=0``, for a machine whose baselines
-  need not outlive a crash of it (a CI runner, this repository's test suite), where each
-  fsync waits for the disk (3 ms on its 2-core runner, 2,500 of them in ``make test``). The
+  need not outlive a crash of it (a CI runner's throwaway disk, a test suite's temporary
+  directories), where each fsync waits for the disk (about 3 ms on a 2-core cloud VM). The
   order of the writes, and so their atomicity against a killed process, stays the same."""
   return os.environ.get("NNX_POOL_FSYNC", "1") != "0"
 
